@@ -1,0 +1,22 @@
+"""fastload: a faster, torch-free drop-in for ``torch.utils.data``.
+
+The public names of the contract (../shared/API.md), nothing else.
+"""
+
+from fastload.collate import default_collate, default_convert
+from fastload.dataloader import DataLoader
+from fastload.dataset import (ArrayDataset, ChainDataset, ConcatDataset, Dataset, IterableDataset,
+                              StackDataset, Subset, random_split)
+from fastload.sampler import (BatchSampler, DistributedSampler, RandomSampler, Sampler,
+                              SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
+from fastload.worker import WorkerInfo, get_worker_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dataset", "IterableDataset", "ArrayDataset", "ConcatDataset", "ChainDataset", "Subset",
+    "StackDataset", "random_split",
+    "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
+    "WeightedRandomSampler", "BatchSampler", "DistributedSampler",
+    "DataLoader", "default_collate", "default_convert", "get_worker_info", "WorkerInfo",
+]

@@ -1,0 +1,59 @@
+"""Typed signatures of fastload._core (the compiled kernels)."""
+
+import numpy as np
+import numpy.typing as npt
+
+# --- index streams (_random.pxi) ---
+# Every stream is a pure function of its arguments and a seed in [0, 2**64):
+# xoshiro256** seeded by SplitMix64, identical on every platform.
+
+def random_raw(count: int, seed: int) -> npt.NDArray[np.uint64]:
+    """The first ``count`` raw outputs of xoshiro256** seeded by ``seed``."""
+
+def uniform(count: int, seed: int) -> npt.NDArray[np.float64]:
+    """``count`` doubles uniform on [0, 1) (top 53 bits of each output)."""
+
+def permutation(n: int, seed: int) -> npt.NDArray[np.int64]:
+    """A uniform random permutation of ``range(n)``."""
+
+def permutation_stream(n: int, count: int, seed: int) -> npt.NDArray[np.int64]:
+    """The first ``count`` indices of back-to-back permutations of ``range(n)``.
+
+    ``permutation_stream(n, n, seed)`` equals ``permutation(n, seed)``.
+    """
+
+def randint(
+    n: int, count: int, seed: int, out: npt.NDArray[np.int64] | None = None
+) -> npt.NDArray[np.int64]:
+    """``count`` unbiased uniform draws from ``range(n)`` (Lemire's method)."""
+
+def alias_table(weights: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+    """Walker/Vose alias table, shape ``(n, 2)``: (53-bit threshold, alias) per column.
+
+    Raises RuntimeError for negative / NaN / infinite weights or a zero sum,
+    ValueError when ``weights`` is not 1-d.
+    """
+
+def alias_draw(
+    table: npt.NDArray[np.uint64], count: int, seed: int, out: npt.NDArray[np.int64] | None = None
+) -> npt.NDArray[np.int64]:
+    """``count`` draws with replacement from an ``alias_table``, O(1) each."""
+
+def weighted_sample(
+    weights: npt.ArrayLike, count: int, replacement: bool, seed: int
+) -> npt.NDArray[np.int64]:
+    """``count`` indices drawn proportionally to ``weights``.
+
+    Without replacement: distinct, never a zero weight, in draw order;
+    RuntimeError if ``count`` exceeds the number of positive weights.
+    """
+
+def fill_batch(
+    out: npt.NDArray[np.int64], start: int, epoch: npt.NDArray[np.int64] | None = None
+) -> int:
+    """Write ``epoch[start:start+len(out)]`` (or ``start, start+1, ...``) into ``out``.
+
+    Returns the number of indices written (fewer at the end of ``epoch``).
+    """
+
+# --- copy kernels (_copy.pxi) ---

@@ -1,0 +1,14 @@
+# cython: language_level=3
+"""fastload's hot loops, compiled.
+
+Split by concept into include files so each reads on its own, but built as one
+extension module so the kernels share a single import:
+
+* ``_random.pxi``: the PRNG and the index streams (permutation, bounded and
+  weighted draws, batch-index generation).
+* ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
+  collate-into-buffer copies.
+"""
+
+include "_random.pxi"
+include "_copy.pxi"

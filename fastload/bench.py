@@ -1,0 +1,351 @@
+"""The engine behind ``python -m fastload bench``: image-folder loading throughput.
+
+What is measured, and how
+-------------------------
+* The pipeline is the standard training one: ``RandomResizedCrop(224)``,
+  ``RandomHorizontalFlip()``, then to a uint8 ``(3, 224, 224)`` array, in
+  shuffled batches of 64.
+* ``measure_fastload`` runs ``fastload.DataLoader`` over ``ImageFolder``.
+* ``measure_torch`` runs ``torch.utils.data.DataLoader`` over the same files
+  with the pipeline a torchvision user runs: torchvision's ``pil_loader``,
+  the crop drawn with torch's RNG as ``RandomResizedCrop.get_params`` does,
+  Pillow crop+resize and flip, then ``PILToTensor``'s conversion, and torch's
+  ``default_collate``.
+* ``measure_pipeline_limit`` is the single-process rate of fastload's
+  pipeline with no loader (a plain loop over ``dataset[i]``); times the worker
+  count it is the most any loader could deliver on this machine.
+* Rates are images per wall-clock second over whole epochs, worker start-up
+  included (it is part of what a user waits for); the first batch's latency
+  is reported separately.  ``input_mb_per_s`` is compressed file bytes read,
+  ``output_mb_per_s`` decoded batch bytes delivered.
+
+``synthetic_image_folder`` makes (once, cached) an ImageFolder of photo-like
+JPEGs, so the benchmark needs no dataset download.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .vision.folder import ImageFolder
+from .vision.synthetic import write_image_folder
+from .vision import transforms as T
+
+__all__ = [
+    "default_cache_dir",
+    "synthetic_image_folder",
+    "standard_transform",
+    "measure_pipeline_limit",
+    "measure_fastload",
+    "measure_torch",
+    "TorchvisionStylePipeline",
+    "compare_rounds",
+    "plot_scaling",
+]
+
+CROP_SIZE = 224
+# Bumped whenever synthetic_image changes, so stale caches are not reused.
+_SYNTHETIC_VERSION = 1
+
+
+def default_cache_dir() -> str:
+    """``$FASTLOAD_CACHE``, else ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload``."""
+    if os.environ.get("FASTLOAD_CACHE"):
+        return os.environ["FASTLOAD_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastload")
+
+
+def synthetic_image_folder(images: int = 2000, size: tuple[int, int] = (500, 375), classes: int = 10,
+                           *, seed: int = 0, quality: int = 90, cache_dir: str | None = None,
+                           workers: int | None = None, progress: bool = False) -> str:
+    """The path of a cached ImageFolder of ``images`` photo-like JPEGs of ``size`` (w, h).
+
+    Generated once under ``cache_dir`` (see ``default_cache_dir``) and reused
+    by later calls with the same parameters.  Built in a temporary directory
+    beside it and renamed into place, so an interrupted or concurrent build
+    never leaves a half-written folder under the final name.
+    """
+    if images < classes or classes < 1:
+        raise ValueError(f"need at least one image per class: images={images}, classes={classes}")
+    width, height = size
+    if width < 1 or height < 1:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    cache_dir = cache_dir or default_cache_dir()
+    name = f"synthetic-v{_SYNTHETIC_VERSION}-{images}x{width}x{height}-c{classes}-q{quality}-s{seed}"
+    final = os.path.join(cache_dir, name)
+    if os.path.isdir(final):
+        return final
+    os.makedirs(cache_dir, exist_ok=True)
+    building = tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir)
+    try:
+        # Spread images over classes as evenly as possible, extras to the first classes.
+        counts = [images // classes + (1 if k < images % classes else 0) for k in range(classes)]
+        bar = _progress_bar(images, f"generating {images} synthetic {width}x{height} JPEGs", progress)
+        write_image_folder(building, counts, (width, height), seed=seed, quality=quality,
+                           workers=workers or os.cpu_count() or 1,
+                           on_progress=bar.update if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        try:
+            os.rename(building, final)
+        except OSError:
+            if not os.path.isdir(final):  # not a lost race with another builder: a real failure
+                raise
+    finally:
+        if os.path.isdir(building):
+            shutil.rmtree(building, ignore_errors=True)
+    return final
+
+
+def standard_transform(size: int = CROP_SIZE) -> T.Compose:
+    """``RandomResizedCrop(size)``, ``RandomHorizontalFlip()``, ``ToArray()``."""
+    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToArray()])
+
+
+def _sample_indices(count: int, max_images: int | None, seed: int) -> np.ndarray | None:
+    """A fixed random subset of ``max_images`` indices (None: use all)."""
+    if max_images is None or max_images >= count:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(count, size=max_images, replace=False))
+
+
+def _mean_file_bytes(dataset: ImageFolder, indices: np.ndarray | None, seed: int) -> float:
+    """Mean compressed size of the benchmarked files (from up to 2000 of them)."""
+    pool = np.arange(len(dataset)) if indices is None else indices
+    probe = np.random.default_rng(seed).choice(pool, size=min(2000, len(pool)), replace=False)
+    return float(np.mean([os.path.getsize(dataset.samples.path(int(i))) for i in probe]))
+
+
+def _progress_bar(total: int, description: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=description, unit="img", file=sys.stderr, dynamic_ncols=True,
+                leave=False)
+
+
+def _result(framework: str, workers: int, batch_size: int, images: int, seconds: float,
+            first_batch_s: float | None, mean_file_bytes: float) -> dict:
+    rate = images / seconds if seconds > 0 else float("inf")
+    return {
+        "framework": framework,
+        "workers": workers,
+        "batch_size": batch_size,
+        "images": images,
+        "seconds": seconds,
+        "images_per_s": rate,
+        "input_mb_per_s": rate * mean_file_bytes / 1e6,
+        "output_mb_per_s": rate * 3 * CROP_SIZE * CROP_SIZE / 1e6,
+        "first_batch_s": first_batch_s,
+    }
+
+
+def _run_epochs(loader: Any, epochs: int, description: str,
+                progress: bool) -> tuple[int, float, float | None]:
+    """Iterate ``loader`` for ``epochs`` epochs; returns (images, seconds, first batch latency).
+
+    Batches are ``(images, targets)``; only their length is looked at.
+    """
+    bar = _progress_bar(epochs * len(loader.dataset), description, progress)
+    images, seconds, first_batch = 0, 0.0, None
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for batch in loader:
+            count = len(batch[1])
+            images += count
+            if first_batch is None:
+                first_batch = time.perf_counter() - start
+            if bar is not None:
+                bar.update(count)
+        seconds += time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    return images, seconds, first_batch
+
+
+def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | None = None,
+                           seed: int = 0, progress: bool = False) -> dict:
+    """Single-process rate of the pipeline with no loader, and that rate times ``workers``.
+
+    Returns the result dict (``framework="pipeline"``) plus
+    ``limit_images_per_s``: the rate times ``max(workers, 1)``.
+    """
+    from .rng import seed_transform_rng
+
+    dataset = ImageFolder(root, transform=standard_transform())
+    indices = _sample_indices(len(dataset), max_images, seed)
+    order = np.random.default_rng(seed).permutation(len(dataset) if indices is None else indices)
+    bar = _progress_bar(len(order), "pipeline, no loader", progress)
+    seed_transform_rng(seed, 0)
+    start = time.perf_counter()
+    for index in order:
+        dataset[int(index)]
+        if bar is not None:
+            bar.update(1)
+    seconds = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    result = _result("pipeline", 0, 1, len(order), seconds, None,
+                     _mean_file_bytes(dataset, indices, seed))
+    result["limit_images_per_s"] = result["images_per_s"] * max(workers, 1)
+    return result
+
+
+def measure_fastload(root: str, workers: int, batch_size: int = 64, *, epochs: int = 1,
+                     max_images: int | None = None, seed: int = 0, progress: bool = False) -> dict:
+    """Images/s of ``fastload.DataLoader`` over ``ImageFolder(root)`` with the standard pipeline."""
+    from .dataloader import DataLoader
+    from .dataset import Subset
+
+    folder = ImageFolder(root, transform=standard_transform())
+    indices = _sample_indices(len(folder), max_images, seed)
+    dataset = folder if indices is None else Subset(folder, indices)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                        generator=seed)
+    images, seconds, first = _run_epochs(loader, epochs, f"fastload, {workers} workers", progress)
+    return _result("fastload", workers, batch_size, images, seconds, first,
+                   _mean_file_bytes(folder, indices, seed))
+
+
+class TorchvisionStylePipeline:
+    """What a torchvision user's ``ImageFolder`` + transforms do per sample, without torchvision.
+
+    ``pil_loader`` (open, ``convert("RGB")``), ``RandomResizedCrop`` with its
+    ``get_params`` drawn from torch's RNG, Pillow crop and bilinear resize,
+    ``RandomHorizontalFlip`` (``torch.rand(1) < 0.5``), then ``PILToTensor``'s
+    conversion.  Samples are a plain list of ``(path, target)`` tuples, as
+    torchvision keeps them.  torch is imported only when a sample is loaded.
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], size: int,
+                 scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)) -> None:
+        self.samples = samples
+        self.size = size
+        self.scale = scale
+        self.ratio = ratio
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        import math
+
+        import torch
+        from PIL import Image
+
+        path, target = self.samples[index]
+        with open(path, "rb") as f:
+            img = Image.open(f).convert("RGB")
+        width, height = img.size
+        area = height * width
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        for _ in range(10):
+            target_area = area * torch.empty(1).uniform_(self.scale[0], self.scale[1]).item()
+            aspect_ratio = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, size=(1,)).item())
+                left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+                break
+        else:  # torchvision's fallback: the central crop, clamped to the ratio range
+            in_ratio = width / height
+            if in_ratio < min(self.ratio):
+                w, h = width, int(round(width / min(self.ratio)))
+            elif in_ratio > max(self.ratio):
+                w, h = int(round(height * max(self.ratio))), height
+            else:
+                w, h = width, height
+            top, left = (height - h) // 2, (width - w) // 2
+        img = img.crop((left, top, left + w, top + h)).resize((self.size, self.size),
+                                                             Image.Resampling.BILINEAR)
+        if torch.rand(1) < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        pixels = torch.from_numpy(np.array(img, copy=True))
+        return pixels.view(img.size[1], img.size[0], 3).permute(2, 0, 1), target
+
+
+def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int = 1,
+                  max_images: int | None = None, seed: int = 0, progress: bool = False) -> dict:
+    """Images/s of ``torch.utils.data.DataLoader`` with a torchvision user's equivalent pipeline."""
+    import torch
+    import torch.utils.data
+
+    folder = ImageFolder(root)  # only for the file list: torchvision's order, same files
+    indices = _sample_indices(len(folder), max_images, seed)
+    dataset: Any = TorchvisionStylePipeline(list(folder.samples), CROP_SIZE)
+    if indices is not None:
+        dataset = torch.utils.data.Subset(dataset, indices.tolist())
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                                         num_workers=workers,
+                                         generator=torch.Generator().manual_seed(seed))
+    images, seconds, first = _run_epochs(loader, epochs, f"torch, {workers} workers", progress)
+    return _result("torch", workers, batch_size, images, seconds, first,
+                   _mean_file_bytes(folder, indices, seed))
+
+
+def compare_rounds(root: str, workers: int, batch_size: int = 64, *, rounds: int = 3,
+                   epochs: int = 1, max_images: int | None = None, seed: int = 0,
+                   frameworks: Sequence[str] = ("fastload", "torch"),
+                   progress: bool = False) -> dict[str, dict]:
+    """Run each framework ``rounds`` times, alternating (and alternating who goes first).
+
+    Alternation spreads drift (page cache warming, thermal throttling, other
+    load) over both; each framework's result is its median-rate round, with
+    every round's rate under ``round_images_per_s``.
+    """
+    measure = {"fastload": measure_fastload, "torch": measure_torch}
+    runs: dict[str, list[dict]] = {name: [] for name in frameworks}
+    for round_no in range(rounds):
+        order = list(frameworks) if round_no % 2 == 0 else list(reversed(frameworks))
+        for name in order:
+            runs[name].append(measure[name](root, workers, batch_size, epochs=epochs,
+                                            max_images=max_images, seed=seed + round_no,
+                                            progress=progress))
+    summary = {}
+    for name, results in runs.items():
+        rates = [r["images_per_s"] for r in results]
+        median = sorted(results, key=lambda r: r["images_per_s"])[len(results) // 2]
+        summary[name] = dict(median, rounds=rounds, round_images_per_s=rates,
+                             images_per_s_median=statistics.median(rates))
+    return summary
+
+
+def plot_scaling(points: dict[str, dict[int, float]], limit_per_worker: float, path: str,
+                 title: str) -> None:
+    """Images/s against worker count, one line per framework, plus the pipeline limit."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    all_workers = sorted({w for series in points.values() for w in series})
+    limit = [limit_per_worker * max(w, 1) for w in all_workers]
+    axes.plot(all_workers, limit, linestyle="--", color="grey",
+              label="limit: single-core pipeline x workers")
+    for name, series in points.items():
+        workers = sorted(series)
+        axes.plot(workers, [series[w] for w in workers], marker="o", label=name)
+    axes.set_xlabel("num_workers")
+    axes.set_ylabel("images / s")
+    axes.set_xticks(all_workers)
+    axes.set_ylim(bottom=0)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,559 @@
+"""Collation: ``default_collate`` / ``default_convert`` and the batch *layout*.
+
+A batch is described by a small tree, the ``BatchLayout``: containers
+(mappings, namedtuples, lists, tuples, other sequences) whose leaves are either
+``ArraySlot``s -- an array living at a byte offset of one flat buffer -- or
+``Value``s, Python objects (strings, arbitrary leaves) carried as they are.
+
+Collating is then three steps, the same whether the buffer is a private numpy
+array (``default_collate``, ``num_workers=0``) or a slot of the shared-memory
+ring (a worker writing in place):
+
+1. ``plan_collate(samples)`` walks the first sample and lays out one leaf per
+   array / number / string, with torch's rules for what each becomes;
+2. the caller allocates ``layout.nbytes`` bytes;
+3. ``fill_collate(samples, layout, buffer)`` lets the ``_core`` kernels copy
+   every sample's leaves into place, validating dtype and shape as they go.
+
+``layout.build(buffer)`` turns a filled buffer into the batch (numpy views),
+which is all the main process does with a batch a worker wrote.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fastload import _core
+
+__all__ = [
+    "default_collate",
+    "default_convert",
+    "BatchLayout",
+    "ArraySlot",
+    "Value",
+    "plan_collate",
+    "collate_into",
+    "pack_into",
+    "to_torch",
+]
+
+# numpy dtypes default_collate refuses, as torch does: strings, bytes, objects.
+_STR_OBJ_DTYPE = re.compile(r"[SaUO]")
+_ERR_FORMAT = ("default_collate: batch must contain tensors, numpy arrays, numbers, "
+               "dicts or lists; found {}")
+
+# Leaves are aligned so every view is aligned for any dtype, and so two
+# leaves never share a cache line (workers write them concurrently in other
+# slots; within a slot it keeps the arithmetic honest).
+_ALIGN = 64
+
+# Leaf kinds; the scalar ones are _core's SCALAR_* codes.
+_ARRAY = 0
+_SCALAR_INT = _core.SCALAR_INT
+_SCALAR_FLOAT = _core.SCALAR_FLOAT
+_SCALAR_BOOL = _core.SCALAR_BOOL
+_SCALAR_NUMPY = _core.SCALAR_NUMPY
+_CAST_ARRAY = 10  # arrays of mixed dtypes, promoted (torch.stack promotes too)
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def format_path(path: tuple, index: int | None = None) -> str:
+    """``batch[3]['image']``: where a leaf sits, for error messages."""
+    head = "batch" if index is None else f"batch[{index}]"
+    return head + "".join(f"[{key!r}]" for key in path)
+
+
+# --------------------------------------------------------------------------
+# Layout nodes.  They are small, picklable, and know how to rebuild their part
+# of a batch from a buffer; workers send them to the main process in place of
+# the batch itself.
+# --------------------------------------------------------------------------
+
+class ArraySlot:
+    """An array of ``dtype`` and ``shape`` at ``offset`` in the batch buffer.
+
+    ``path`` and ``kind`` say where the leaf comes from in a sample and how
+    the kernels read it; they are only needed while filling.
+    """
+
+    __slots__ = ("offset", "dtype", "shape", "path", "kind", "as_torch")
+
+    def __init__(self, dtype: np.dtype, shape: tuple, path: tuple = (), kind: int = _ARRAY,
+                 as_torch: bool = False) -> None:
+        self.offset = 0
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.path = path
+        self.kind = kind
+        self.as_torch = as_torch
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def view(self, buffer: np.ndarray) -> np.ndarray:
+        # Slicing a uint8 buffer then reinterpreting keeps the buffer's base
+        # (the ring's lease), so the slot lives as long as this view.
+        raw = buffer[self.offset:self.offset + self.nbytes]
+        return raw.view(self.dtype).reshape(self.shape)
+
+    def build(self, buffer: np.ndarray) -> Any:
+        array = self.view(buffer)
+        if self.as_torch:
+            import torch  # only when a custom collate_fn returned tensors
+
+            return torch.from_numpy(array)
+        return array
+
+    def __getstate__(self):
+        return (self.offset, self.dtype, self.shape, self.as_torch)
+
+    def __setstate__(self, state) -> None:
+        self.offset, self.dtype, self.shape, self.as_torch = state
+        self.path = ()
+        self.kind = _ARRAY
+
+
+class Value:
+    """A leaf that is not array data: it travels as a Python object."""
+
+    __slots__ = ("value", "path")
+
+    def __init__(self, value: Any = None, path: tuple = ()) -> None:
+        self.value = value
+        self.path = path
+
+    def build(self, buffer: np.ndarray) -> Any:
+        return self.value
+
+    def __getstate__(self):
+        return self.value
+
+    def __setstate__(self, state) -> None:
+        self.value = state
+        self.path = ()
+
+
+class MappingNode:
+    """A mapping; rebuilt as torch rebuilds it (clone of the sample's type when it can)."""
+
+    __slots__ = ("keys", "children", "template", "mapping_type")
+
+    def __init__(self, elem: collections.abc.Mapping, children: list) -> None:
+        self.keys = list(elem.keys())
+        self.children = children
+        self.mapping_type = type(elem)
+        self.template = None
+        if self.mapping_type is not dict and isinstance(elem, collections.abc.MutableMapping):
+            # torch clones the sample's mapping so extra state (a defaultdict's
+            # factory, an OrderedDict's type) survives; an emptied clone keeps
+            # that state without carrying the sample's data along.
+            try:
+                template = copy.copy(elem)
+                template.clear()
+                self.template = template
+            except Exception:
+                self.template = None
+
+    def build(self, buffer: np.ndarray) -> Any:
+        values = {key: child.build(buffer) for key, child in zip(self.keys, self.children)}
+        if self.mapping_type is dict:
+            return values
+        try:
+            if self.template is not None:
+                clone = copy.copy(self.template)
+                clone.update(values)
+                return clone
+            return self.mapping_type(values)
+        except TypeError:
+            return values
+
+
+class NamedTupleNode:
+    __slots__ = ("tuple_type", "children")
+
+    def __init__(self, tuple_type: type, children: list) -> None:
+        self.tuple_type = tuple_type
+        self.children = children
+
+    def build(self, buffer: np.ndarray) -> Any:
+        return self.tuple_type(*(child.build(buffer) for child in self.children))
+
+
+class SequenceNode:
+    """A sequence: a list, or (``sequence_type`` set) the sample's own type when it rebuilds."""
+
+    __slots__ = ("sequence_type", "children")
+
+    def __init__(self, sequence_type: type | None, children: list) -> None:
+        self.sequence_type = sequence_type
+        self.children = children
+
+    def build(self, buffer: np.ndarray) -> Any:
+        items = [child.build(buffer) for child in self.children]
+        if self.sequence_type is None or self.sequence_type is list:
+            return items
+        if self.sequence_type is tuple:
+            return tuple(items)
+        try:
+            return self.sequence_type(items)
+        except TypeError:
+            return items
+
+
+class BatchLayout:
+    """The tree of one batch plus the bytes its arrays need.
+
+    ``length_checks`` lists the sequence nodes whose length every sample must
+    share (torch's "each element in list of batch should be of equal size");
+    it matters only while filling, so it is not pickled.
+    """
+
+    __slots__ = ("root", "nbytes", "length_checks")
+
+    def __init__(self, root: Any, length_checks: list | None = None) -> None:
+        self.root = root
+        self.nbytes = 0
+        self.length_checks = length_checks or []
+
+    def __getstate__(self):
+        return (self.root, self.nbytes)
+
+    def __setstate__(self, state) -> None:
+        self.root, self.nbytes = state
+        self.length_checks = []
+
+    def leaves(self) -> list:
+        found: list = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ArraySlot, Value)):
+                found.append(node)
+            else:
+                stack.extend(reversed(node.children))
+        return found
+
+    def assign_offsets(self) -> int:
+        """Place array leaves one after another, aligned; return the total bytes."""
+        offset = 0
+        for leaf in self.leaves():
+            if isinstance(leaf, ArraySlot):
+                leaf.offset = offset
+                offset += _align(leaf.nbytes)
+        self.nbytes = offset
+        return offset
+
+    def build(self, buffer: np.ndarray) -> Any:
+        return self.root.build(buffer)
+
+
+# --------------------------------------------------------------------------
+# default_collate as plan + fill.
+# --------------------------------------------------------------------------
+
+def _plan_node(elem: Any, path: tuple, n: int, length_checks: list) -> Any:
+    elem_type = type(elem)
+    if isinstance(elem, np.ndarray):
+        if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None:
+            raise TypeError(_ERR_FORMAT.format(elem.dtype) + f" (at {format_path(path, 0)})")
+        return ArraySlot(elem.dtype, (n,) + elem.shape, path, _ARRAY)
+    if isinstance(elem, (np.bool_, np.number, np.object_)):
+        if isinstance(elem, np.object_):
+            raise TypeError(_ERR_FORMAT.format(elem_type) + f" (at {format_path(path, 0)})")
+        return ArraySlot(elem.dtype, (n,), path, _SCALAR_NUMPY)
+    if elem_type is float or (isinstance(elem, float)):
+        return ArraySlot(np.float64, (n,), path, _SCALAR_FLOAT)
+    if elem_type is bool:
+        return ArraySlot(np.bool_, (n,), path, _SCALAR_BOOL)
+    if isinstance(elem, int):
+        return ArraySlot(np.int64, (n,), path, _SCALAR_INT)
+    if isinstance(elem, (str, bytes)):
+        return Value(None, path)
+    if _is_torch_tensor(elem):
+        return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _ARRAY,
+                         as_torch=True)
+    if isinstance(elem, collections.abc.Mapping):
+        return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks)
+                                  for key in elem])
+    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+        return NamedTupleNode(elem_type, [_plan_node(item, path + (i,), n, length_checks)
+                                          for i, item in enumerate(elem)])
+    if isinstance(elem, collections.abc.Sequence):
+        length_checks.append((path, len(elem)))
+        children = [_plan_node(item, path + (i,), n, length_checks) for i, item in enumerate(elem)]
+        # torch turns a tuple into a list ("backwards compatibility") and
+        # rebuilds other sequences as their own type when it can.
+        return SequenceNode(None if isinstance(elem, tuple) else elem_type, children)
+    raise TypeError(_ERR_FORMAT.format(elem_type) + f" (at {format_path(path, 0)})")
+
+
+def plan_collate(samples: Sequence) -> BatchLayout:
+    """Lay out the batch ``default_collate(samples)`` makes, from its first sample."""
+    if len(samples) == 0:
+        raise ValueError("default_collate: cannot collate an empty batch")
+    length_checks: list = []
+    layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks), length_checks)
+    layout.assign_offsets()
+    return layout
+
+
+def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
+    """Re-walk ``path`` sample by sample to say which sample lacks which key."""
+    for i, sample in enumerate(samples):
+        node = sample
+        for depth, key in enumerate(path):
+            try:
+                node = node[key]
+            except (KeyError, IndexError, TypeError) as exc:
+                where = format_path(path[:depth], i)
+                return type(exc)(f"default_collate: {where} has no item {key!r}, but "
+                                 f"{format_path(path[:depth], 0)} does ({exc!r}); every sample "
+                                 f"must have the structure of the first")
+    return error
+
+
+def _scalar_promotion(values: list, kind: int, path: tuple) -> np.dtype:
+    """The dtype torch.tensor / torch.as_tensor would give a batch of mixed scalars."""
+    if kind == _SCALAR_NUMPY:
+        return np.result_type(*values)
+    if kind == _SCALAR_FLOAT:
+        return np.dtype(np.float64)
+    if any(isinstance(v, (float, np.floating)) for v in values):
+        return np.dtype(np.float32)  # torch's default dtype for mixed int/float
+    if any(not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.dtype(np.int64)
+    return np.dtype(np.bool_)
+
+
+def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
+    """Slow path for leaves torch would promote: per-sample numpy assignment."""
+    values = _core.collect_leaf_objects(list(samples), leaf.path)
+    row_shape = leaf.shape[1:]
+    for i, value in enumerate(values):
+        if _is_torch_tensor(value):
+            value = value.detach().cpu().numpy()
+        array = np.asarray(value)
+        if array.dtype.kind in "SaUO":
+            raise TypeError(_ERR_FORMAT.format(type(value)) + f" (at {format_path(leaf.path, i)})")
+        if array.shape != row_shape:
+            raise RuntimeError(f"default_collate: {format_path(leaf.path, i)}: shape "
+                               f"{array.shape} != {row_shape} of {format_path(leaf.path, 0)}; "
+                               f"stacked arrays must all have the same shape")
+        out[i] = array
+
+
+def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
+    """Fill one array leaf; return False when the leaf had to be promoted (re-plan)."""
+    out = leaf.view(buffer)
+    if leaf.kind == _CAST_ARRAY or leaf.as_torch:
+        _fill_cast(samples, leaf, out)
+        return True
+    try:
+        if leaf.kind == _ARRAY:
+            index, code = _core.collate_array_leaf(samples, leaf.path, leaf.dtype, leaf.shape[1:], out)
+        else:
+            index, code = _core.collate_scalar_leaf(samples, leaf.path, leaf.kind, out)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise _walk_error(samples, leaf.path, exc) from exc
+    if code == _core.COPY_OK:
+        return True
+    where, first = format_path(leaf.path, index), format_path(leaf.path, 0)
+    values = _core.collect_leaf_objects(samples, leaf.path)
+    bad = values[index]
+    if leaf.kind == _ARRAY:
+        if code == _core.COPY_BAD_SHAPE:
+            raise RuntimeError(f"default_collate: {where}: shape {tuple(bad.shape)} != "
+                               f"{leaf.shape[1:]} of {first}; stacked arrays must all have "
+                               f"the same shape")
+        if code == _core.COPY_BAD_TYPE:
+            raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} "
+                            f"is a numpy array; every sample must have the structure of the first")
+        # Mixed dtypes: torch.stack promotes, so do we (numpy's promotion rules).
+        leaf.dtype = np.result_type(*(v.dtype for v in values))
+        leaf.kind = _CAST_ARRAY
+        return False
+    if code == _core.COPY_OVERFLOW:
+        raise RuntimeError(f"default_collate: {where}: {bad!r} does not fit in int64 "
+                           f"(Overflow when unpacking long)")
+    if not isinstance(bad, (bool, int, float, np.bool_, np.number)):
+        raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} is "
+                        f"{type(values[0]).__name__}; every sample must have the structure "
+                        f"of the first")
+    leaf.dtype = _scalar_promotion(values, leaf.kind, leaf.path)
+    leaf.kind = _CAST_ARRAY
+    return False
+
+
+def _private_buffer(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = _private_buffer
+                 ) -> tuple[BatchLayout, np.ndarray]:
+    """Collate ``samples`` as ``default_collate`` does, into a buffer from ``allocate``.
+
+    ``allocate(nbytes)`` returns a flat uint8 array of at least ``nbytes``
+    (a private array, or a slot of the shared-memory ring).  It may be called
+    again if a leaf turns out to need promotion (mixed dtypes), which changes
+    the batch's size.
+    """
+    samples = samples if isinstance(samples, list) else list(samples)
+    layout = plan_collate(samples)
+    for path, expected in layout.length_checks:
+        try:
+            index = _core.first_length_mismatch(samples, path, expected)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise _walk_error(samples, path, exc) from exc
+        if index >= 0:
+            raise RuntimeError(f"each element in list of batch should be of equal size "
+                               f"({format_path(path, index)} has length "
+                               f"{len(_core.collect_leaf_objects([samples[index]], path)[0])}, "
+                               f"{format_path(path, 0)} has {expected})")
+    leaves = layout.leaves()
+    while True:
+        buffer = allocate(layout.nbytes)
+        if all(_fill_leaf(samples, leaf, buffer) for leaf in leaves if isinstance(leaf, ArraySlot)):
+            break
+        layout.assign_offsets()  # a leaf was promoted: sizes changed, lay out again
+    for leaf in leaves:
+        if isinstance(leaf, Value):
+            try:
+                leaf.value = _core.collect_leaf_objects(samples, leaf.path)
+            except (KeyError, IndexError, TypeError) as exc:
+                raise _walk_error(samples, leaf.path, exc) from exc
+    return layout, buffer
+
+
+def default_collate(batch: Sequence) -> Any:
+    """Stack a list of samples into a batch, with torch's rules, in numpy.
+
+    Arrays are stacked on a new first axis; Python ints, floats and bools
+    become int64, float64 and bool arrays; numpy scalars keep their dtype;
+    strings and bytes stay lists; mappings are collated key by key (the first
+    sample's keys), namedtuples stay namedtuples, other sequences are
+    transposed (a tuple becoming a list).  Errors name the offending path,
+    e.g. ``batch[3]['image']``.
+    """
+    layout, buffer = collate_into(batch)
+    return layout.build(buffer)
+
+
+# --------------------------------------------------------------------------
+# Packing: the output of a custom collate_fn, moved as it is into a buffer.
+# --------------------------------------------------------------------------
+
+def _plan_packing(obj: Any, sources: list) -> Any:
+    if isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.kind not in "SaU":
+        sources.append(obj)
+        return ArraySlot(obj.dtype, obj.shape)
+    if _is_torch_tensor(obj) and obj.device.type == "cpu" and not obj.requires_grad \
+            and obj.layout.__class__.__name__ == "layout" and str(obj.layout) == "torch.strided":
+        array = obj.numpy()
+        sources.append(array)
+        return ArraySlot(array.dtype, array.shape, as_torch=True)
+    obj_type = type(obj)
+    if obj_type is dict or (isinstance(obj, collections.abc.Mapping) and obj_type.__module__ == "collections"):
+        return MappingNode(obj, [_plan_packing(value, sources) for value in obj.values()])
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return NamedTupleNode(obj_type, [_plan_packing(item, sources) for item in obj])
+    if obj_type is list or obj_type is tuple:
+        return SequenceNode(obj_type, [_plan_packing(item, sources) for item in obj])
+    return Value(obj)
+
+
+def pack_into(obj: Any, allocate: Callable[[int], np.ndarray] = _private_buffer
+              ) -> tuple[BatchLayout, np.ndarray]:
+    """Lay out any batch (e.g. a custom collate_fn's output) and copy its arrays in.
+
+    Arrays (and CPU torch tensors) inside dicts, lists, tuples and namedtuples
+    are copied into the buffer; everything else is carried as a Python value.
+    """
+    sources: list = []
+    layout = BatchLayout(_plan_packing(obj, sources))
+    layout.assign_offsets()
+    buffer = allocate(layout.nbytes)
+    slots = [leaf for leaf in layout.leaves() if isinstance(leaf, ArraySlot)]
+    for slot, source in zip(slots, sources):
+        np.copyto(slot.view(buffer), source, casting="no")
+    return layout, buffer
+
+
+# --------------------------------------------------------------------------
+# default_convert (batch_size=None) and torch interop.
+# --------------------------------------------------------------------------
+
+def default_convert(data: Any) -> Any:
+    """torch's ``default_convert`` in numpy: arrays stay arrays, numpy scalars
+    become 0-d arrays, containers are converted element-wise (a tuple
+    becoming a list, as torch does)."""
+    data_type = type(data)
+    if isinstance(data, np.ndarray):
+        return data
+    if isinstance(data, np.generic) and not isinstance(data, (np.str_, np.bytes_)):
+        return np.asarray(data)
+    if isinstance(data, collections.abc.Mapping):
+        try:
+            if isinstance(data, collections.abc.MutableMapping):
+                clone = copy.copy(data)
+                clone.update({key: default_convert(data[key]) for key in data})
+                return clone
+            return data_type({key: default_convert(data[key]) for key in data})
+        except TypeError:
+            return {key: default_convert(data[key]) for key in data}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return data_type(*(default_convert(item) for item in data))
+    if isinstance(data, tuple):
+        return [default_convert(item) for item in data]
+    if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
+        try:
+            if isinstance(data, collections.abc.MutableSequence):
+                clone = copy.copy(data)
+                for i, item in enumerate(data):
+                    clone[i] = default_convert(item)
+                return clone
+            return data_type([default_convert(item) for item in data])
+        except TypeError:
+            return [default_convert(item) for item in data]
+    return data
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    # Never import torch here: it is only present when the user brought it.
+    cls = type(obj)
+    return cls.__module__.startswith("torch") and hasattr(obj, "numpy") and hasattr(obj, "dtype") \
+        and cls.__name__ in ("Tensor", "Parameter")
+
+
+def _torch_dtype_to_numpy(tensor: Any) -> np.dtype:
+    import torch
+
+    return torch.empty((), dtype=tensor.dtype).numpy().dtype
+
+
+def to_torch(batch: Any) -> Any:
+    """Replace every numpy array in ``batch`` by a torch tensor sharing its memory."""
+    import torch
+
+    if isinstance(batch, np.ndarray):
+        if batch.dtype.kind in "SaUO":
+            return batch
+        return torch.from_numpy(batch)
+    if isinstance(batch, np.generic) and not isinstance(batch, (np.str_, np.bytes_)):
+        return torch.as_tensor(batch)
+    if isinstance(batch, dict):
+        return type(batch)((key, to_torch(value)) for key, value in batch.items()) \
+            if type(batch) is not dict else {key: to_torch(value) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_torch(item) for item in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_torch(item) for item in batch)
+    return batch

@@ -1,0 +1,570 @@
+"""``DataLoader``: torch's arguments, validation and semantics; fastload's batch path.
+
+The loader itself holds policy (what to sample, how to collate, how many
+workers); its iterators hold lifetimes:
+
+* ``_SingleProcessIter`` makes each batch in the calling process;
+* ``_MultiProcessIter`` keeps ``num_workers * prefetch_factor`` batches in
+  flight in a ``WorkerPool``, each written by a worker into a slot of the
+  shared-memory ``Ring``, and hands them out in batch order as views of their
+  slot.
+
+NOTE [ Determinism ]
+Every epoch draws one base seed from the loader's ``generator`` (shared with
+the default RandomSampler), and the random transforms of batch ``b`` are
+seeded from ``(base_seed, b)``.  So the same seed gives the same batches
+whatever ``num_workers`` or start method is, and ``load_state_dict`` can
+replay an epoch: it restores the generators' state from the epoch's start and
+skips the index batches already yielded (no data is fetched for them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import math
+import multiprocessing
+import os
+import warnings
+import weakref
+from multiprocessing import resource_tracker
+from typing import Any, Callable, Iterator
+
+from fastload.collate import default_collate, default_convert, to_torch
+from fastload.dataset import Dataset, IterableDataset
+from fastload.fetch import BatchSource
+from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
+from fastload.ring import Ring
+from fastload.rng import SeedSource
+from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, _epoch_source
+
+__all__ = ["DataLoader"]
+
+_OUTPUTS = ("numpy", "torch")
+_GUARDED_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+                       "persistent_workers")
+_STATE_VERSION = 1
+
+
+class _InfiniteConstantSampler(Sampler):
+    """The sampler of an IterableDataset: the dataset decides when to stop."""
+
+    def __iter__(self) -> Iterator[None]:
+        return itertools.repeat(None)
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    if isinstance(dataset, IterableDataset):
+        return True
+    # torch's IterableDataset, for users migrating one dataset at a time.
+    return any(cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data")
+               for cls in type(dataset).__mro__)
+
+
+class DataLoader:
+    """Combines a dataset and a sampler, and iterates over the dataset in batches.
+
+    Same arguments and semantics as ``torch.utils.data.DataLoader``; batches
+    are numpy arrays (``output="torch"``: tensors sharing their memory).  With
+    ``num_workers > 0`` each batch is a set of views of a shared-memory slot
+    that stays reserved while you hold any of them.
+    """
+
+    _initialized = False
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Callable | None = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 multiprocessing_context: Any = None, generator: Any = None, *,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False,
+                 in_order: bool = True, pin_memory_device: str = "",
+                 output: str = "numpy") -> None:
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; "
+                             "use num_workers=0 to disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing, otherwise set "
+                             "prefetch_factor to None.")
+        elif num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if output not in _OUTPUTS:
+            raise ValueError(f"output should be one of {_OUTPUTS}, but got output={output!r}")
+        if output == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError as exc:
+                raise ImportError("output='torch' needs torch installed; "
+                                  "use output='numpy' without it") from exc
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+        self.output = output
+
+        if _is_iterable_dataset(dataset):
+            self._iterable = True
+            if shuffle not in {False, None}:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
+                                 f"option, but got shuffle={shuffle}")
+            if sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler "
+                                 f"option, but got sampler={sampler}")
+            if batch_sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified "
+                                 f"batch_sampler option, but got batch_sampler={batch_sampler}")
+        else:
+            self._iterable = False
+            shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+
+        # One seed stream for the default sampler and the per-epoch base seeds.
+        self._seed_source = SeedSource(generator)
+        if sampler is None:
+            if self._iterable:
+                sampler = _InfiniteConstantSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=self._seed_source)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        if collate_fn is None:
+            collate_fn = default_collate if self._auto_collation else default_convert
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._initialized = True
+        self._IterableDataset_len_called: int | None = None
+        self._iterator: _BaseIter | None = None  # persistent workers' iterator
+        self._last_iterator: weakref.ref | None = None
+        self._pending_state: dict | None = None
+        self._check_worker_number_rationality()
+
+    # -- torch's attribute rules -------------------------------------------
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return self._multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        if context is not None:
+            if self.num_workers <= 0:
+                raise ValueError("multiprocessing_context can only be used with multi-process "
+                                 f"loading (num_workers > 0), but got num_workers={self.num_workers}")
+            if isinstance(context, str):
+                methods = multiprocessing.get_all_start_methods()
+                if context not in methods:
+                    raise ValueError(f"multiprocessing_context option should specify a valid start "
+                                     f"method in {methods!r}, but got "
+                                     f"multiprocessing_context={context!r}")
+                context = multiprocessing.get_context(context)
+            if not isinstance(context, multiprocessing.context.BaseContext):
+                raise TypeError("multiprocessing_context option should be a valid context object "
+                                "or a string specifying the start method, but got "
+                                f"multiprocessing_context={context}")
+        self._multiprocessing_context = context
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._initialized and name in _GUARDED_ATTRIBUTES:
+            raise ValueError(f"{name} attribute should not be set after "
+                             f"{self.__class__.__name__} is initialized")
+        super().__setattr__(name, value)
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _check_worker_number_rationality(self) -> None:
+        if self.num_workers == 0:
+            return
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count()
+        if cpus is not None and self.num_workers > cpus:
+            warnings.warn(f"This DataLoader will create {self.num_workers} worker processes in "
+                          f"total. Our suggested max number of worker in current system is {cpus}, "
+                          f"which is smaller than what this DataLoader is going to create. Please "
+                          f"be aware that excessive worker creation might get DataLoader running "
+                          f"slow or even freeze, lower the worker number to avoid potential "
+                          f"slowness/freeze if necessary.", stacklevel=3)
+
+    # -- iteration ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self._iterable:
+            length = self._IterableDataset_len_called = len(self.dataset)
+            if self.batch_size is not None:
+                length = length // self.batch_size if self.drop_last \
+                    else math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def __iter__(self) -> "_BaseIter":
+        if self.pin_memory:
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=2)
+        resume, self._pending_state = self._pending_state, None
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None or self._iterator.closed:
+                self._iterator = _MultiProcessIter(self, resume)
+            else:
+                self._iterator.reset(resume)
+            return self._iterator
+        iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
+            else _MultiProcessIter(self, resume)
+        # Only a weak reference: dropping the iterator (a `break`) must stop
+        # its workers at once, as torch's does.
+        self._last_iterator = weakref.ref(iterator)
+        return iterator
+
+    def _current_iterator(self) -> "_BaseIter | None":
+        if self._iterator is not None:
+            return self._iterator
+        return self._last_iterator() if self._last_iterator is not None else None
+
+    def _index_stream(self) -> Iterator[Any]:
+        """The epoch's index batches: int64 arrays from our samplers, else what the sampler yields."""
+        index_sampler = self._index_sampler
+        if isinstance(index_sampler, BatchSampler) and _epoch_source(index_sampler.sampler) is not None:
+            return index_sampler._index_batches()
+        return iter(index_sampler)
+
+    def _rng_sources(self) -> list[SeedSource]:
+        """Every seed stream an epoch draws from, to snapshot and restore them."""
+        sources = [self._seed_source]
+        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            source = getattr(sampler, "_seed_source", None)
+            if isinstance(source, SeedSource) and all(source is not s for s in sources):
+                sources.append(source)
+        return sources
+
+    # -- resumption ----------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where this loader is: resuming from it gives the next unseen batch, same order."""
+        if self._iterable:
+            raise TypeError("DataLoader.state_dict supports map-style datasets; an "
+                            "IterableDataset keeps its position in its own iterator")
+        iterator = self._current_iterator()
+        if iterator is not None and not iterator.epoch_finished:
+            rng_states, yielded = iterator.epoch_rng_states, iterator.num_yielded
+        elif self._pending_state is not None:
+            return dict(self._pending_state)
+        else:
+            rng_states, yielded = [s.get_state() for s in self._rng_sources()], 0
+        return {"version": _STATE_VERSION, "rng_states": rng_states, "batches_yielded": yielded,
+                "sampler_epoch": getattr(self.sampler, "epoch", None)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state``: the next ``iter(loader)`` continues that epoch."""
+        if self._iterable:
+            raise TypeError("DataLoader.load_state_dict supports map-style datasets only")
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a fastload DataLoader state_dict (version "
+                             f"{_STATE_VERSION}): {state!r:.200}")
+        if len(state["rng_states"]) != len(self._rng_sources()):
+            raise ValueError("this state_dict comes from a DataLoader with other random "
+                             "samplers; build the loader with the same arguments")
+        self._pending_state = dict(state)
+
+
+class _BaseIter:
+    """What both iterators share: the epoch's index stream, seeds and counting."""
+
+    closed = False
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = loader
+        self._source = BatchSource(loader.dataset, loader._iterable, loader._auto_collation,
+                                   loader.collate_fn, loader.batch_size, loader.drop_last)
+        self._to_torch = loader.output == "torch"
+        self.epoch_finished = False
+
+    def _begin_epoch(self, resume: dict | None) -> int:
+        """Restore (on resume) and snapshot the seed streams, draw the epoch's base seed."""
+        loader = self._loader
+        sources = loader._rng_sources()
+        skip = 0
+        if resume is not None:
+            for source, state in zip(sources, resume["rng_states"]):
+                source.set_state(state)
+            if resume.get("sampler_epoch") is not None and hasattr(loader.sampler, "set_epoch"):
+                loader.sampler.set_epoch(resume["sampler_epoch"])
+            skip = int(resume["batches_yielded"])
+        self.epoch_rng_states = [s.get_state() for s in sources]
+        base_seed = loader._seed_source.draw()
+        self._source.start_epoch(base_seed)
+        self._indices = loader._index_stream()
+        # Batches already seen are skipped as indices only: nothing is fetched.
+        for _ in itertools.islice(self._indices, skip):
+            pass
+        self.num_yielded = skip
+        self._next_batch_no = skip
+        self.epoch_finished = False
+        return base_seed
+
+    def _deliver(self, batch: Any) -> Any:
+        self.num_yielded += 1
+        loader = self._loader
+        if loader._iterable and loader._IterableDataset_len_called is not None \
+                and self.num_yielded > loader._IterableDataset_len_called:
+            message = (f"Length of IterableDataset {loader.dataset} was reported to be "
+                       f"{loader._IterableDataset_len_called}(when accessing len(dataloader)), but "
+                       f"{self.num_yielded} samples have been fetched. ")
+            if loader.num_workers > 0:
+                message += ("For multiprocessing data-loading, this could be caused by not "
+                            "properly configuring the IterableDataset replica at each worker.")
+            warnings.warn(message, stacklevel=3)
+        return to_torch(batch) if self._to_torch else batch
+
+    def __iter__(self) -> "_BaseIter":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+
+class _SingleProcessIter(_BaseIter):
+    def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
+        super().__init__(loader)
+        self._begin_epoch(resume)
+
+    def __next__(self) -> Any:
+        if self.epoch_finished:
+            raise StopIteration
+        try:
+            indices = next(self._indices)
+            batch = self._source.make(self._next_batch_no, indices)
+        except StopIteration:
+            self.epoch_finished = True
+            raise
+        self._next_batch_no += 1
+        return self._deliver(batch)
+
+
+# Iterators with live workers, so that interpreter exit still stops them and
+# unlinks their segments (the resource tracker is only the last resort).
+_LIVE_ITERATORS: "weakref.WeakSet[_MultiProcessIter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_iterators() -> None:
+    for iterator in list(_LIVE_ITERATORS):
+        iterator.shutdown()
+
+
+class _MultiProcessIter(_BaseIter):
+    """Batches made by worker processes into ring slots, handed out in order."""
+
+    def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
+        super().__init__(loader)
+        context = loader.multiprocessing_context or multiprocessing.get_context()
+        method = context.get_start_method()
+        self._num_workers = loader.num_workers
+        self._prefetch = max(1, loader.prefetch_factor or 0)
+        self._timeout = loader.timeout if loader.timeout > 0 else None
+        self._in_order = loader.in_order
+        self._pool = None
+        self._ring = Ring(in_flight=self._num_workers * self._prefetch)
+        source_args = (loader._iterable, loader._auto_collation, loader.collate_fn,
+                       loader.batch_size, loader.drop_last)
+        named = [("dataset", loader.dataset), ("batch settings and collate_fn", source_args),
+                 ("worker_init_fn", loader.worker_init_fn)]
+        payload: Any = tuple(obj for _, obj in named)
+        if method != "fork":
+            payload = pickle_for_workers(named, method)
+        base_seed = self._begin_epoch(resume)
+        # Started here, before any worker exists, so that every worker reports
+        # its segments to this one tracker (a worker must never start its own:
+        # it would unlink our segments when that worker exits).
+        resource_tracker.ensure_running()
+        self._pool = WorkerPool(context, self._num_workers, payload, base_seed)
+        _LIVE_ITERATORS.add(self)
+        self._start_dispatch(base_seed)
+
+    # -- epochs --------------------------------------------------------------
+
+    def _start_dispatch(self, base_seed: int) -> None:
+        self._pool.broadcast(("epoch", base_seed))
+        self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
+        self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
+        self._load = [0] * self._num_workers
+        self._active = [True] * self._num_workers
+        self._next_to_yield = self._next_batch_no
+        self._indices_exhausted = False
+        for _ in range(self._num_workers * self._prefetch):
+            self._dispatch()
+
+    def reset(self, resume: dict | None = None) -> None:
+        """A new epoch on the same workers (persistent_workers)."""
+        self._drain()
+        base_seed = self._begin_epoch(resume)
+        self._start_dispatch(base_seed)
+
+    def _drain(self) -> None:
+        """Collect the answers of an abandoned epoch, so its slots come back."""
+        for _, reply in self._replies.values():
+            self._ring.release(reply[2])
+        self._replies.clear()
+        while self._tasks:
+            _, reply = self._receive()
+            self._tasks.pop(reply[1], None)
+            self._ring.release(reply[2])
+
+    # -- tasks ---------------------------------------------------------------
+
+    def _pick_worker(self) -> int | None:
+        best = None
+        for worker in range(self._num_workers):
+            if self._active[worker] and self._load[worker] < self._prefetch \
+                    and (best is None or self._load[worker] < self._load[best]):
+                best = worker
+        return best
+
+    def _dispatch(self) -> None:
+        """Send the next batch to the least-loaded worker, if there is one to send."""
+        if self._indices_exhausted:
+            return
+        worker = self._pick_worker()
+        if worker is None:
+            return
+        try:
+            indices = next(self._indices)
+        except StopIteration:
+            self._indices_exhausted = True
+            return
+        for slot_id, name in self._ring.take_retired():
+            self._pool.broadcast(("retire", slot_id, name))
+        slot = self._ring.acquire()
+        batch_no = self._next_batch_no
+        self._next_batch_no += 1
+        self._tasks[batch_no] = (worker, slot.slot_id)
+        self._load[worker] += 1
+        self._pool.send(worker, ("batch", batch_no, slot, indices))
+
+    def _receive(self) -> tuple[int, tuple]:
+        """``(worker, reply)``: the next reply from any worker; dead workers and timeouts raise."""
+        try:
+            got = self._pool.receive(self._timeout)
+        except WorkerDied as exc:
+            self.shutdown()
+            raise RuntimeError(str(exc)) from None
+        if got is None:
+            self.shutdown()
+            raise RuntimeError(f"DataLoader timed out after {self._loader.timeout} seconds")
+        worker, reply = got
+        kind, batch_no, slot_id, created, payload = reply
+        if created is not None:
+            self._ring.adopt(slot_id, created)
+        if kind == "init_error":
+            self.shutdown()
+            payload.reraise()
+        if batch_no in self._tasks:
+            self._load[worker] -= 1
+        return worker, reply
+
+    def __next__(self) -> Any:
+        try:
+            return self._next()
+        except KeyboardInterrupt:
+            self.shutdown()
+            raise
+
+    def _next(self) -> Any:
+        if self.closed or self.epoch_finished:
+            raise StopIteration
+        while True:
+            ready = self._take_ready()
+            if ready is not None:
+                worker, (kind, batch_no, slot_id, _, payload) = ready
+                if kind == "batch":
+                    batch = payload.build(self._ring.lease(slot_id))
+                    self._dispatch()
+                    return self._deliver(batch)
+                self._ring.release(slot_id)
+                if kind == "end":  # this worker's IterableDataset replica is exhausted
+                    self._active[worker] = False
+                    continue
+                self._dispatch()
+                payload.reraise()
+            if not self._tasks:
+                self._end_epoch()
+                raise StopIteration
+            worker, reply = self._receive()
+            del self._tasks[reply[1]]
+            self._replies[reply[1]] = (worker, reply)
+
+    def _take_ready(self) -> tuple | None:
+        if self._in_order:
+            # An exhausted IterableDataset worker leaves holes in the numbering.
+            while self._next_to_yield not in self._replies and self._next_to_yield not in self._tasks \
+                    and self._next_to_yield < self._next_batch_no:
+                self._next_to_yield += 1
+            reply = self._replies.pop(self._next_to_yield, None)
+            if reply is not None:
+                self._next_to_yield += 1
+            return reply
+        if self._replies:
+            return self._replies.pop(min(self._replies))
+        return None
+
+    def _end_epoch(self) -> None:
+        self.epoch_finished = True
+        if not self._loader.persistent_workers:
+            self.shutdown()
+
+    # -- teardown ------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the workers and unlink every segment; held batches stay valid."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE_ITERATORS.discard(self)
+        if self._pool is not None:
+            self._pool.shutdown()
+        in_flight = [slot for _, slot in getattr(self, "_tasks", {}).values()]
+        self._ring.close(in_flight)
+
+    def __del__(self) -> None:
+        self.shutdown()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._pool.pids if self._pool is not None else []

@@ -1,0 +1,494 @@
+"""The Dataset family: torch.utils.data's datasets, with numpy arrays for tensors.
+
+Semantics, error types and messages follow ``torch.utils.data.dataset`` (torch
+2.x); messages add the offending values so a failure explains itself.  Where
+fastload differs it is for memory or speed, never for results:
+
+* ``ArrayDataset`` stands in for ``TensorDataset``.  It keeps its arrays as
+  given (an ``np.memmap`` stays a memmap, nothing is copied), so the
+  DataLoader can gather whole batches from ``arrays`` with one kernel call.
+* ``Subset.indices`` is an int64 numpy array rather than a Python list:
+  reading an int from a list updates its refcount, so a forked worker slowly
+  copies every page of a large list; an array is one buffer that stays shared.
+* Pickling an ``ArrayDataset`` (as ``spawn`` workers do) reopens file-backed
+  memmaps from their file instead of sending their bytes.
+* ``random_split`` draws its permutation from the ``_core`` kernel, seeded
+  from ``generator`` through ``SeedSource``; the same seed gives the same
+  split everywhere (but not the split torch would give for that seed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import mmap
+import numbers
+import warnings
+from collections.abc import Sequence
+from typing import Any, Generic, Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from fastload import _core
+from fastload.rng import SeedSource
+
+__all__ = [
+    "Dataset",
+    "IterableDataset",
+    "ArrayDataset",
+    "StackDataset",
+    "ConcatDataset",
+    "ChainDataset",
+    "Subset",
+    "random_split",
+    "SizeMismatchError",
+]
+
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class SizeMismatchError(ValueError, AssertionError):
+    """Arrays given to ``ArrayDataset`` differ in their first dimension.
+
+    torch's ``TensorDataset`` raises ``AssertionError`` here; a bad argument is
+    a ``ValueError`` by Python's conventions.  Being both, it is caught by code
+    written for either.
+    """
+
+
+class _ScalarArrayError(ValueError, IndexError):
+    # torch fails on a 0-d tensor with IndexError (from ``tensor.size(0)``);
+    # being a ValueError too keeps ``except ValueError`` callers working.
+    pass
+
+
+class Dataset(Generic[_T_co]):
+    """A map from keys (usually ``0 .. len - 1``) to samples.
+
+    Subclasses implement ``__getitem__`` and, for samplers and the
+    DataLoader's defaults, ``__len__``.  They may add
+    ``__getitems__(indices) -> list`` to fetch a whole batch at once.
+    """
+
+    def __getitem__(self, index: Any) -> _T_co:
+        raise NotImplementedError("Subclasses of Dataset should implement __getitem__.")
+
+    # There is deliberately no __len__ and no __getitems__ here, as in torch:
+    # a default __len__ would make every dataset look Sized, and a default
+    # __getitems__ would make the loader think every dataset fetches batches.
+
+    def __add__(self, other: Dataset[_T_co]) -> ConcatDataset[_T_co]:
+        return ConcatDataset([self, other])
+
+
+class IterableDataset(Dataset[_T_co], Iterable[_T_co]):
+    """A stream of samples: subclasses implement ``__iter__``.
+
+    With ``num_workers > 0`` every worker iterates its own copy; use
+    ``get_worker_info()`` in ``__iter__`` (or ``worker_init_fn``) to give each
+    worker its share of the stream.
+    """
+
+    # __iter__ stays abstract (from Iterable), so a subclass without one fails
+    # at construction with TypeError, as torch's does.
+
+    def __add__(self, other: Dataset[_T_co]) -> ChainDataset:  # type: ignore[override]
+        return ChainDataset([self, other])
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    """True for fastload's and torch's IterableDataset alike.
+
+    Users mix the two libraries' datasets while migrating; torch's class is
+    recognised by name so that torch need not be imported.
+    """
+    if isinstance(dataset, IterableDataset):
+        return True
+    return any(cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data")
+               for cls in type(dataset).__mro__)
+
+
+# --------------------------------------------------------------------------
+# ArrayDataset
+
+
+def _as_array(obj: Any) -> np.ndarray:
+    """``obj`` as an ndarray, without copying where numpy can avoid it."""
+    if isinstance(obj, np.ndarray):
+        return obj  # memmaps and other subclasses are kept as they are
+    cls = type(obj)
+    if cls.__module__.startswith("torch") and hasattr(obj, "detach"):
+        # np.asarray refuses tensors that require grad or live on a GPU.
+        return obj.detach().cpu().numpy()
+    return np.asarray(obj)
+
+
+class _MemmapRef:
+    """How to map a memmap again in another process (see ``ArrayDataset``)."""
+
+    __slots__ = ("filename", "dtype", "mode", "offset", "shape", "order")
+
+    def __init__(self, filename: str, dtype: np.dtype, mode: str, offset: int,
+                 shape: tuple[int, ...], order: str) -> None:
+        self.filename, self.dtype, self.mode = filename, dtype, mode
+        self.offset, self.shape, self.order = offset, shape, order
+
+    def __getstate__(self) -> tuple:
+        return (self.filename, self.dtype, self.mode, self.offset, self.shape, self.order)
+
+    def __setstate__(self, state: tuple) -> None:
+        (self.filename, self.dtype, self.mode, self.offset, self.shape, self.order) = state
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> _MemmapRef | None:
+        """A reference to ``array``'s bytes in its file, or None if it has none.
+
+        Views count too, as long as they are contiguous: the offset is found
+        from the distance between the view's data and the start of the mapping.
+        """
+        if not isinstance(array, np.memmap) or array.filename is None or array.size == 0:
+            return None
+        if array.mode == "c":
+            return None  # copy-on-write: its edits live only in this process's memory
+        if array.flags.c_contiguous:
+            order = "C"
+        elif array.flags.f_contiguous:
+            order = "F"
+        else:
+            return None
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if not isinstance(root, np.memmap) or not isinstance(root.base, mmap.mmap):
+            return None
+        view_start = array.__array_interface__["data"][0]
+        root_start = root.__array_interface__["data"][0]
+        offset = int(array.offset) + (view_start - root_start)
+        # A writable mapping reopens as "r+": "w+" would truncate the file.
+        mode = "r+" if array.mode == "w+" else array.mode
+        return cls(str(array.filename), array.dtype, mode, offset, array.shape, order)
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.filename, dtype=self.dtype, mode=self.mode, offset=self.offset,
+                         shape=self.shape, order=self.order)
+
+
+class ArrayDataset(Dataset[tuple]):
+    """Rows of arrays that share their first dimension: ``TensorDataset`` for numpy.
+
+    ``ds[i]`` is a tuple holding row ``i`` of each array: a view for arrays of
+    two or more dimensions, a numpy scalar for 1-D arrays (it collates to the
+    array's dtype, as torch's 0-d tensors do).
+
+    Args:
+        *arrays: numpy arrays or ``np.memmap``s, used as they are; anything
+            else ``np.asarray`` accepts (lists, torch tensors) is converted once.
+
+    Pickling (as ``spawn`` workers do) reopens a contiguous file-backed memmap
+    from its file rather than sending its bytes.
+    """
+
+    arrays: tuple[np.ndarray, ...]
+
+    def __init__(self, *arrays: Any) -> None:
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        converted = tuple(_as_array(a) for a in arrays)
+        for position, array in enumerate(converted):
+            if array.ndim == 0:
+                raise _ScalarArrayError(
+                    f"arrays[{position}] is 0-d (shape ()); ArrayDataset indexes arrays "
+                    f"along their first dimension")
+        length = converted[0].shape[0]
+        if any(array.shape[0] != length for array in converted):
+            shapes = ", ".join(f"arrays[{i}] has shape {a.shape}" for i, a in enumerate(converted))
+            raise SizeMismatchError(f"Size mismatch between arrays: {shapes}")
+        self.arrays = converted
+        self._length = int(length)
+
+    def __getitem__(self, index: Any) -> tuple:
+        if isinstance(index, (int, np.integer)) and not -self._length <= index < self._length:
+            # numpy's own message names the axis, not the dataset; say which is which.
+            raise IndexError(f"index {index} is out of range for ArrayDataset of length {self._length}")
+        return tuple(array[index] for array in self.arrays)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["arrays"] = tuple(_MemmapRef.of(a) or a for a in self.arrays)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["arrays"] = tuple(a.open() if isinstance(a, _MemmapRef) else a for a in state["arrays"])
+        self.__dict__.update(state)
+
+
+# --------------------------------------------------------------------------
+# Combinations of datasets
+
+
+class StackDataset(Dataset[_T_co]):
+    """Datasets side by side: sample ``i`` is the ``i``-th of each.
+
+    ``StackDataset(a, b)[i] == (a[i], b[i])``;
+    ``StackDataset(x=a, y=b)[i] == {"x": a[i], "y": b[i]}``.
+    """
+
+    datasets: tuple | dict
+
+    def __init__(self, *args: Dataset[_T_co], **kwargs: Dataset[_T_co]) -> None:
+        if args and kwargs:
+            raise ValueError(
+                "Supported either ``tuple``- (via ``args``) or ``dict``- (via ``kwargs``) like "
+                f"input/output, but both types are given ({len(args)} args, kwargs {list(kwargs)})")
+        if not args and not kwargs:
+            raise ValueError("At least one dataset should be passed")
+        parts = args if args else tuple(kwargs.values())
+        lengths = [len(d) for d in parts]  # type: ignore[arg-type]
+        if any(n != lengths[0] for n in lengths):
+            names = range(len(args)) if args else list(kwargs)
+            detail = ", ".join(f"{name!r}: {n}" for name, n in zip(names, lengths))
+            raise ValueError(f"Size mismatch between datasets (lengths {{{detail}}})")
+        self._length = lengths[0]
+        self.datasets = args if args else kwargs
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(self.datasets, dict):
+            return {key: dataset[index] for key, dataset in self.datasets.items()}
+        return tuple(dataset[index] for dataset in self.datasets)
+
+    def __getitems__(self, indices: list) -> list:
+        # Each part is fetched as a batch when it can be, then the batches are
+        # zipped into samples, so stacked ArrayDatasets stay batch-at-a-time.
+        keyed = isinstance(self.datasets, dict)
+        parts = self.datasets.items() if keyed else enumerate(self.datasets)
+        columns = {}
+        for key, dataset in parts:
+            if callable(getattr(dataset, "__getitems__", None)):
+                items = dataset.__getitems__(indices)
+                if len(items) != len(indices):
+                    raise ValueError("Nested dataset's output size mismatch."
+                                     f" Expected {len(indices)}, got {len(items)}")
+                columns[key] = items
+            else:
+                columns[key] = [dataset[i] for i in indices]
+        if keyed:
+            keys = list(columns)
+            return [dict(zip(keys, row)) for row in zip(*columns.values())]
+        return [tuple(row) for row in zip(*columns.values())]
+
+    def __len__(self) -> int:
+        return self._length
+
+
+class ConcatDataset(Dataset[_T_co]):
+    """Datasets end to end: indices run through the first, then the second, ...
+
+    Args:
+        datasets: the map-style datasets to concatenate (at least one).
+    """
+
+    datasets: list[Dataset[_T_co]]
+    cumulative_sizes: list[int]
+
+    @staticmethod
+    def cumsum(sequence: Iterable[Any]) -> list[int]:
+        """Running totals of the lengths of ``sequence``'s datasets."""
+        return list(itertools.accumulate(len(d) for d in sequence))
+
+    def __init__(self, datasets: Iterable[Dataset]) -> None:
+        super().__init__()
+        self.datasets = list(datasets)
+        # torch raises AssertionError for both checks; kept so callers' except
+        # clauses keep working.
+        if not self.datasets:
+            raise AssertionError("datasets should not be an empty iterable")
+        for position, dataset in enumerate(self.datasets):
+            if _is_iterable_dataset(dataset):
+                raise AssertionError(f"ConcatDataset does not support IterableDataset "
+                                     f"(datasets[{position}] is a {type(dataset).__name__})")
+        self.cumulative_sizes = self.cumsum(self.datasets)
+
+    def __len__(self) -> int:
+        return self.cumulative_sizes[-1]
+
+    def __getitem__(self, idx: int) -> _T_co:
+        length = self.cumulative_sizes[-1]
+        if idx < 0:
+            if -idx > length:
+                raise ValueError("absolute value of index should not exceed dataset length "
+                                 f"(index {idx}, length {length})")
+            idx = length + idx
+        elif idx >= length:
+            raise IndexError(f"index {idx} is out of range for ConcatDataset of length {length}")
+        # bisect_right skips empty datasets: their cumulative size equals the
+        # previous one, so an index never lands in them.
+        dataset_idx = bisect.bisect_right(self.cumulative_sizes, idx)
+        sample_idx = idx - self.cumulative_sizes[dataset_idx - 1] if dataset_idx else idx
+        return self.datasets[dataset_idx][sample_idx]
+
+    @property
+    def cummulative_sizes(self) -> list[int]:
+        # The misspelt name torch still answers to, with its deprecation warning.
+        warnings.warn("`cummulative_sizes` attribute is renamed to `cumulative_sizes`",
+                      FutureWarning, stacklevel=2)
+        return self.cumulative_sizes
+
+
+class ChainDataset(IterableDataset):
+    """IterableDatasets one after another, chained lazily as they are iterated.
+
+    Args:
+        datasets: the IterableDatasets; checked as they are reached, as in torch.
+    """
+
+    def __init__(self, datasets: Iterable[Dataset]) -> None:
+        super().__init__()
+        self.datasets = datasets
+
+    def _checked(self) -> Iterator[Any]:
+        for position, dataset in enumerate(self.datasets):
+            if not _is_iterable_dataset(dataset):
+                raise AssertionError(f"ChainDataset only supports IterableDataset "
+                                     f"(datasets[{position}] is a {type(dataset).__name__})")
+            yield dataset
+
+    def __iter__(self) -> Iterator[Any]:
+        for dataset in self._checked():
+            yield from dataset
+
+    def __len__(self) -> int:
+        return sum(len(dataset) for dataset in self._checked())
+
+
+def _compact_indices(indices: Any) -> Any:
+    """``indices`` as a 1-D int64 array when they are integers; else as given.
+
+    Non-integer keys (a dict-backed dataset's strings, say) are legal in torch's
+    Subset, so they are kept untouched rather than rejected.
+    """
+    if isinstance(indices, np.ndarray) and indices.dtype == np.int64 and indices.ndim == 1:
+        return indices  # random_split's slices of one permutation: no copy
+    try:
+        array = np.asarray(indices)
+    except (TypeError, ValueError):
+        return indices
+    if array.ndim != 1:
+        return indices
+    if array.dtype.kind in "iub" or array.size == 0:
+        return array.astype(np.int64, copy=False)
+    return indices
+
+
+class Subset(Dataset[_T_co]):
+    """The samples of ``dataset`` at ``indices``, in that order.
+
+    ``indices`` is stored as an int64 numpy array when it holds integers (see
+    the module notes); keys reach ``dataset`` as Python ints, since user
+    datasets may check ``isinstance(i, int)``.  A subclass that overrides
+    ``__getitem__`` must override ``__getitems__`` too, as in torch, or the
+    DataLoader's batch path would bypass its ``__getitem__``.
+    """
+
+    dataset: Dataset[_T_co]
+    indices: Sequence[int]
+
+    def __init__(self, dataset: Dataset[_T_co], indices: Sequence[int]) -> None:
+        self.dataset = dataset
+        self.indices = _compact_indices(indices)
+        if (type(self).__getitem__ is not Subset.__getitem__
+                and type(self).__getitems__ is Subset.__getitems__):
+            raise NotImplementedError(
+                f"{type(self).__name__} overrides __getitem__ but not __getitems__. "
+                "When subclassing Subset and overriding __getitem__, you must also override "
+                "__getitems__ to ensure DataLoader works correctly with your custom logic. "
+                "A simple implementation:\n\n"
+                "def __getitems__(self, indices):\n"
+                "    return [self.__getitem__(idx) for idx in indices]")
+
+    def _key(self, position: Any) -> Any:
+        key = self.indices[position]
+        # np.int64 -> int, and an array (from a slice) -> a list of ints.
+        return key.tolist() if isinstance(key, (np.ndarray, np.generic)) else key
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, list):
+            return self.dataset[[self._key(i) for i in idx]]
+        return self.dataset[self._key(idx)]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        if isinstance(self.indices, np.ndarray):
+            positions = np.asarray(indices)
+            if positions.dtype.kind not in "iu":
+                if positions.size and positions.dtype.kind != "b":
+                    raise TypeError(f"Subset indices must be integers, got {indices!r}")
+                positions = positions.astype(np.int64)  # [] or bools, which torch treats as 0/1
+            keys = self.indices[positions].tolist()
+        else:
+            keys = [self.indices[i] for i in indices]
+        if callable(getattr(self.dataset, "__getitems__", None)):
+            return self.dataset.__getitems__(keys)
+        return [self.dataset[key] for key in keys]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+# --------------------------------------------------------------------------
+# random_split
+
+
+def _split_lengths(length: int, lengths: Sequence[int | float]) -> list[int]:
+    """Integer split lengths from ``lengths`` (counts, or fractions summing to 1)."""
+    total = sum(lengths)
+    if math.isclose(total, 1) and total <= 1:
+        # Fractions.  (A single [1] lands here too and means "everything", as in torch.)
+        counts = []
+        for i, fraction in enumerate(lengths):
+            if fraction < 0 or fraction > 1:
+                raise ValueError(f"Fraction at index {i} is not between 0 and 1 (got {fraction})")
+            counts.append(math.floor(length * fraction))
+        # floor() leaves a remainder smaller than the number of splits; hand it
+        # out one by one from the first split on.
+        for i in range(length - sum(counts)):
+            counts[i % len(counts)] += 1
+        for i, count in enumerate(counts):
+            if count == 0:
+                warnings.warn(f"Length of split at index {i} is 0. "
+                              f"This might result in an empty dataset.", stacklevel=3)
+        return counts
+
+    # torch's order: the sum first, then (via randperm) the type of the counts.
+    if total != length:
+        raise ValueError("Sum of input lengths does not equal the length of the input dataset! "
+                         f"(lengths {list(lengths)} sum to {total}, dataset length is {length})")
+    for i, n in enumerate(lengths):
+        if not isinstance(n, numbers.Integral):
+            raise TypeError(f"lengths must be integers, or fractions summing to 1; "
+                            f"lengths[{i}] is {n!r}")
+        if n < 0:
+            # torch slices with a negative length and returns overlapping splits.
+            raise ValueError(f"Length of split at index {i} is negative ({n})")
+    return [int(n) for n in lengths]
+
+
+def random_split(dataset: Dataset[_T], lengths: Sequence[int | float],
+                 generator: Any = None) -> list[Subset[_T]]:
+    """Split ``dataset`` at random into non-overlapping Subsets of ``lengths``.
+
+    Args:
+        dataset: the map-style dataset to split.
+        lengths: split sizes summing to ``len(dataset)``, or fractions summing
+            to 1 (each split gets ``floor(fraction * len)``, and the remainder
+            is given out one at a time starting with the first split).
+        generator: ``None`` (fresh entropy), an int seed, a
+            ``numpy.random.Generator`` or a ``torch.Generator``.
+    """
+    counts = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
+    order = _core.permutation(sum(counts), SeedSource(generator).draw())
+    bounds = list(itertools.accumulate(counts))
+    return [Subset(dataset, order[end - n:end]) for end, n in zip(bounds, counts)]

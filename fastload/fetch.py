@@ -1,0 +1,150 @@
+"""From a batch of indices to a batch: fetch the samples, collate them.
+
+``BatchSource`` is shared by the single-process iterator and the workers, so
+both paths run the same code and give identical batches.  It knows three ways
+to make a batch:
+
+* the ArrayDataset fast path: an ``ArrayDataset`` (or ``Subset``s of one)
+  with the default collate is gathered column by column with one
+  ``_core.gather_rows`` call per array, straight into the destination buffer,
+  with no per-sample Python at all;
+* the default collate: samples are fetched (``__getitems__`` when the dataset
+  has it) and the ``_core`` kernels copy them into the buffer;
+* any other ``collate_fn``: its output is packed into the buffer as it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import numpy as np
+
+from fastload import _core
+from fastload.collate import (BatchLayout, ArraySlot, SequenceNode, collate_into, default_collate,
+                              pack_into)
+from fastload.dataset import ArrayDataset, Subset
+from fastload.rng import seed_transform_rng
+
+__all__ = ["BatchSource", "array_rows"]
+
+_STRING_OR_OBJECT_KINDS = "SaUO"
+
+
+def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
+    """``(arrays, row_map)`` when ``dataset`` is an ArrayDataset, or Subsets of one.
+
+    ``row_map`` composes the Subsets' indices (None for the ArrayDataset
+    itself), so a batch's rows are ``row_map[indices]``.  Returns None when the
+    fast path does not apply (another dataset, non-integer subset indices, or
+    arrays default_collate would refuse).
+    """
+    row_map = None
+    while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__:
+        indices = dataset.indices
+        if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu":
+            return None
+        row_map = indices if row_map is None else indices[row_map]
+        dataset = dataset.dataset
+    if type(dataset) is not ArrayDataset:
+        return None
+    if any(a.dtype.kind in _STRING_OR_OBJECT_KINDS or a.dtype.hasobject for a in dataset.arrays):
+        return None
+    return dataset.arrays, (None if row_map is None else np.ascontiguousarray(row_map, np.int64))
+
+
+class BatchSource:
+    """Makes the batches of one DataLoader, in the main process or in a worker."""
+
+    def __init__(self, dataset: Any, iterable: bool, auto_collation: bool,
+                 collate_fn: Callable, batch_size: int | None, drop_last: bool) -> None:
+        self.dataset = dataset
+        self.iterable = iterable
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.default_collate = collate_fn is default_collate
+        self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
+            and not iterable else None
+        getitems = getattr(dataset, "__getitems__", None)
+        self._getitems = getitems if callable(getitems) else None
+        self._base_seed = 0
+        self._iterator = None
+        self._exhausted = False
+
+    def start_epoch(self, base_seed: int) -> None:
+        """Begin an epoch: new transform seeds; an IterableDataset starts over."""
+        self._base_seed = base_seed
+        self._iterator = None
+        self._exhausted = False
+
+    # -- fetching ------------------------------------------------------------
+
+    def _fetch(self, indices: Any) -> Any:
+        """The samples of one batch (a list), or one sample without auto-collation."""
+        if self.iterable:
+            if self._exhausted:
+                raise StopIteration
+            if self._iterator is None:
+                self._iterator = iter(self.dataset)
+            if not self.auto_collation:
+                try:
+                    return next(self._iterator)
+                except StopIteration:
+                    self._exhausted = True
+                    raise
+            samples = list(itertools.islice(self._iterator, self.batch_size))
+            if len(samples) < self.batch_size:
+                self._exhausted = True
+                if not samples or self.drop_last:
+                    raise StopIteration
+            return samples
+        if not self.auto_collation:
+            return self.dataset[indices]
+        keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        if self._getitems is not None:
+            return self._getitems(keys)
+        dataset = self.dataset
+        return [dataset[key] for key in keys]
+
+    def _gather_arrays(self, indices: Any, allocate: Callable[[int], np.ndarray]
+                       ) -> tuple[BatchLayout, np.ndarray]:
+        arrays, row_map = self._arrays
+        rows = np.asarray(indices, dtype=np.int64)
+        if row_map is not None:
+            rows = row_map[rows]
+        rows = np.ascontiguousarray(rows)
+        n = rows.shape[0]
+        slots = [ArraySlot(a.dtype, (n,) + a.shape[1:]) for a in arrays]
+        layout = BatchLayout(SequenceNode(None, slots))
+        layout.assign_offsets()
+        buffer = allocate(layout.nbytes)
+        for array, slot in zip(arrays, slots):
+            _core.gather_rows(array, rows, slot.view(buffer))
+        return layout, buffer
+
+    # -- making batches ------------------------------------------------------
+
+    def make(self, batch_no: int, indices: Any) -> Any:
+        """One batch as the caller sees it (single-process loading)."""
+        seed_transform_rng(self._base_seed, batch_no)
+        if self._arrays is not None:
+            layout, buffer = self._gather_arrays(indices, _private_buffer)
+            return layout.build(buffer)
+        return self.collate_fn(self._fetch(indices))
+
+    def make_into(self, batch_no: int, indices: Any, allocate: Callable[[int], np.ndarray]
+                  ) -> BatchLayout:
+        """One batch written into ``allocate``'s buffer; returns its layout (workers)."""
+        seed_transform_rng(self._base_seed, batch_no)
+        if self._arrays is not None:
+            return self._gather_arrays(indices, allocate)[0]
+        data = self._fetch(indices)
+        if self.default_collate:
+            return collate_into(data, allocate)[0]
+        return pack_into(self.collate_fn(data), allocate)[0]
+
+
+def _private_buffer(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)

@@ -1,0 +1,365 @@
+"""The shared-memory ring: slots that workers write batches into, in place.
+
+NOTE [ Why one segment per slot ]
+A slot is one POSIX shared-memory segment, created once and reused for batch
+after batch; the ring preallocates nothing it cannot size (the batch layout is
+known only once a worker has collated the first batch), so a slot starts
+empty and the worker that first fills it creates its segment at the size the
+batch needs.  A batch that no longer fits (variable shapes, promotion) makes
+the worker create the slot's next *generation*, with headroom; the main
+process then unlinks the old one.  Names are chosen by the main process
+(``<prefix>s<slot>g<generation>``), so it can unlink a generation a worker
+created even when that worker died before saying so.
+
+NOTE [ Leases ]
+The main process hands out numpy views of a slot.  Their base is a
+``SlotLease`` (numpy keeps a reference to any object exposing
+``__array_interface__``), so the slot stays out of circulation for exactly as
+long as the caller holds any view; when the last one dies, the lease returns
+the slot.  A caller that holds every batch of an epoch makes the ring grow: it
+holds at most ``in_flight`` slots that workers may write, plus one per batch
+the caller still holds -- the same memory those batches need anyway.  Free
+slots beyond ``in_flight`` are unlinked as they come back, so memory follows
+what is held.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import mmap
+import os
+import secrets
+import shutil
+from multiprocessing import resource_tracker
+from typing import Callable
+
+import numpy as np
+
+try:
+    import _posixshmem  # CPython's own POSIX shm bindings (what shared_memory uses)
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    _posixshmem = None
+
+__all__ = ["Segment", "Ring", "SlotLease", "SlotWriter", "SlotInfo", "SharedMemoryError",
+           "SHM_DIR", "new_prefix"]
+
+SHM_DIR = "/dev/shm"
+_PAGE = mmap.PAGESIZE
+_GROWTH_HEADROOM = 4  # a regrown slot gets 1/4 more than asked, so shapes that vary settle fast
+
+
+class SharedMemoryError(RuntimeError):
+    """The ring's shared memory could not be reserved (too little /dev/shm)."""
+
+
+def new_prefix() -> str:
+    """A unique segment-name prefix for one ring; every fastload segment starts with ``fl_``."""
+    return f"fl_{os.getpid()}_{secrets.token_hex(4)}_"
+
+
+def shm_free_bytes() -> int | None:
+    try:
+        return shutil.disk_usage(SHM_DIR).free
+    except OSError:
+        return None
+
+
+def _space_error(name: str, size: int, needed_total: int | None = None) -> SharedMemoryError:
+    free = shm_free_bytes()
+    free_text = "unknown" if free is None else f"{free / 2**20:.1f} MiB"
+    total = "" if needed_total is None else f" (about {needed_total / 2**20:.1f} MiB for the whole ring)"
+    return SharedMemoryError(
+        f"fastload could not reserve {size / 2**20:.1f} MiB of shared memory for ring slot "
+        f"{name!r}{total}; {SHM_DIR} has {free_text} free. Lower prefetch_factor or num_workers "
+        f"(the ring holds num_workers * prefetch_factor batches in flight), use a smaller "
+        f"batch_size, release batches you hold, or give the machine a larger {SHM_DIR} "
+        f"(Docker: --shm-size=2g)."
+    )
+
+
+class Segment:
+    """One mapped POSIX shared-memory segment.
+
+    ``create=True`` makes it and reserves its pages (``posix_fallocate``), so a
+    too-small /dev/shm fails here with a clear message instead of a SIGBUS in
+    the middle of an epoch.  The mapping lives as long as ``array`` (or any
+    view of it) does; ``unlink`` only removes the name.
+    """
+
+    __slots__ = ("name", "size", "array", "_registered")
+
+    def __init__(self, name: str, size: int = 0, create: bool = False) -> None:
+        if _posixshmem is None:
+            raise OSError("fastload's shared-memory ring needs POSIX shared memory")
+        self.name = name
+        self._registered = False
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        try:
+            if create:
+                # Registered at once: if this process (or the whole tree) dies,
+                # Python's resource tracker unlinks what is left.
+                resource_tracker.register("/" + name, "shared_memory")
+                self._registered = True
+                try:
+                    os.ftruncate(fd, size)
+                    if hasattr(os, "posix_fallocate") and size > 0:
+                        os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    self.unlink()
+                    if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                        raise _space_error(name, size) from exc
+                    raise
+            else:
+                size = os.fstat(fd).st_size
+            self.size = size
+            mapping = mmap.mmap(fd, size) if size > 0 else None
+        finally:
+            os.close(fd)
+        self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \
+            else np.empty(0, dtype=np.uint8)
+
+    def unlink(self) -> None:
+        """Remove the name (idempotent); the mapping stays valid for its holders."""
+        try:
+            _posixshmem.shm_unlink("/" + self.name)
+        except FileNotFoundError:
+            pass
+        else:
+            resource_tracker.unregister("/" + self.name, "shared_memory")
+
+
+def unlink_name(name: str) -> bool:
+    """Unlink a segment this process did not map (a worker's orphan); True if it existed."""
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        return False
+    resource_tracker.unregister("/" + name, "shared_memory")
+    return True
+
+
+class SlotInfo(tuple):
+    """What a worker needs to know of a slot: ``(slot_id, name, capacity, next_name)``.
+
+    ``name`` is None while the slot has no segment yet; ``next_name`` is the
+    name the worker must use if it has to create (or regrow) the segment.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, slot_id: int, name: str | None, capacity: int, next_name: str):
+        return tuple.__new__(cls, (slot_id, name, capacity, next_name))
+
+    def __getnewargs__(self):
+        return tuple(self)
+
+    slot_id = property(lambda self: self[0])
+    name = property(lambda self: self[1])
+    capacity = property(lambda self: self[2])
+    next_name = property(lambda self: self[3])
+
+
+class SlotLease:
+    """Holds one slot out of circulation while any view of it is alive.
+
+    numpy arrays made from it (``np.asarray(lease)``) keep it as their base;
+    when the last one is gone the slot goes back to the ring.
+    """
+
+    __slots__ = ("__array_interface__", "slot_id", "_segment_array", "_release", "__weakref__")
+
+    def __init__(self, segment_array: np.ndarray, slot_id: int,
+                 release: Callable[[int], None]) -> None:
+        self.slot_id = slot_id
+        self._segment_array = segment_array  # keeps the mapping alive
+        self._release = release
+        self.__array_interface__ = {
+            "data": (segment_array.__array_interface__["data"][0], False),
+            "shape": (segment_array.shape[0],),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+    def __del__(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release(self.slot_id)
+
+    def __repr__(self) -> str:
+        return f"<SlotLease slot={self.slot_id} bytes={self._segment_array.shape[0]}>"
+
+
+class _Slot:
+    __slots__ = ("segment", "generation")
+
+    def __init__(self) -> None:
+        self.segment: Segment | None = None
+        self.generation = 0
+
+
+class Ring:
+    """The main process's side of the ring: which slots exist, which are free.
+
+    Only the main process allocates slot ids and unlinks segments; workers
+    create segments under names the ring chose (see ``SlotWriter``).
+    """
+
+    def __init__(self, in_flight: int, prefix: str | None = None) -> None:
+        self.prefix = prefix or new_prefix()
+        self.in_flight = max(1, in_flight)
+        self._slots: dict[int, _Slot] = {}
+        self._free: collections.deque[int] = collections.deque()
+        # Filled from SlotLease.__del__, which may run anywhere (GC, another
+        # thread): a deque append is atomic, the rest waits for collect().
+        self._returned: collections.deque[int] = collections.deque()
+        self._retired: list[tuple[int, str]] = []
+        self._next_id = 0
+        self.closed = False
+
+    def _name(self, slot_id: int, generation: int) -> str:
+        return f"{self.prefix}s{slot_id}g{generation}"
+
+    # -- slot circulation ----------------------------------------------------
+
+    def acquire(self) -> SlotInfo:
+        """A free slot for the next task, growing the ring if the caller holds them all."""
+        self.collect()
+        if self._free:
+            slot_id = self._free.popleft()
+        else:
+            slot_id = self._next_id
+            self._next_id += 1
+            self._slots[slot_id] = _Slot()
+        return self.info(slot_id)
+
+    def info(self, slot_id: int) -> SlotInfo:
+        slot = self._slots[slot_id]
+        name = slot.segment.name if slot.segment is not None else None
+        capacity = slot.segment.size if slot.segment is not None else 0
+        return SlotInfo(slot_id, name, capacity, self._name(slot_id, slot.generation + 1))
+
+    def release(self, slot_id: int) -> None:
+        """Give a slot back (a lease died, or a task's slot was not used)."""
+        self._returned.append(slot_id)
+
+    def collect(self) -> None:
+        """Move returned slots to the free list; retire the ones beyond ``in_flight``."""
+        while self._returned:
+            slot_id = self._returned.popleft()
+            slot = self._slots.get(slot_id)
+            if slot is None or self.closed:
+                continue
+            if len(self._free) >= self.in_flight:
+                self._retire(slot_id)
+            else:
+                self._free.append(slot_id)
+
+    def _retire(self, slot_id: int) -> None:
+        slot = self._slots.pop(slot_id)
+        if slot.segment is not None:
+            slot.segment.unlink()
+            self._retired.append((slot_id, slot.segment.name))
+
+    def take_retired(self) -> list[tuple[int, str]]:
+        """Slots unlinked since the last call: workers should drop their mappings."""
+        retired, self._retired = self._retired, []
+        return retired
+
+    @property
+    def slot_count(self) -> int:
+        return len(self._slots)
+
+    # -- filled slots --------------------------------------------------------
+
+    def adopt(self, slot_id: int, name: str) -> None:
+        """A worker created generation ``name`` of a slot: map it, unlink the old one."""
+        slot = self._slots[slot_id]
+        if slot.segment is not None and slot.segment.name == name:
+            return
+        new_segment = Segment(name)
+        if slot.segment is not None:
+            slot.segment.unlink()
+        slot.segment = new_segment
+        slot.generation += 1
+
+    def lease(self, slot_id: int) -> np.ndarray:
+        """The slot's bytes as a uint8 array whose base is a fresh ``SlotLease``."""
+        segment = self._slots[slot_id].segment
+        if segment is None:
+            return np.empty(0, dtype=np.uint8)
+        return np.asarray(SlotLease(segment.array, slot_id, self.release))
+
+    # -- teardown ------------------------------------------------------------
+
+    def close(self, in_flight_ids: list[int] = ()) -> None:
+        """Unlink every segment (views the caller holds stay valid).
+
+        ``in_flight_ids`` are slots a worker may have been regrowing: their
+        next generation is unlinked too, in case the worker died before
+        reporting it.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        for slot_id in in_flight_ids:
+            if slot_id in self._slots:
+                unlink_name(self._name(slot_id, self._slots[slot_id].generation + 1))
+        for slot in self._slots.values():
+            if slot.segment is not None:
+                slot.segment.unlink()
+        self._slots.clear()
+        self._free.clear()
+
+
+class SlotWriter:
+    """A worker's side of the ring: map slots by name, create or regrow them on demand."""
+
+    def __init__(self) -> None:
+        self._mapped: dict[int, Segment] = {}
+
+    def forget(self, slot_id: int, name: str) -> None:
+        segment = self._mapped.get(slot_id)
+        if segment is not None and segment.name == name:
+            del self._mapped[slot_id]
+
+    def allocator(self, info: SlotInfo) -> "_TaskAllocation":
+        return _TaskAllocation(self, info)
+
+
+class _TaskAllocation:
+    """The ``allocate`` callback for one task: returns the slot's bytes, big enough.
+
+    Records whether it created the slot's next generation, which the worker
+    reports (even when the task then fails) so the main process adopts or
+    unlinks it.
+    """
+
+    def __init__(self, writer: SlotWriter, info: SlotInfo) -> None:
+        self.writer = writer
+        self.info = info
+        self.created: Segment | None = None
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        info = self.info
+        if self.created is not None:
+            if self.created.size >= nbytes:
+                return self.created.array
+            self.created.unlink()  # outgrown within one task (promotion): make it again
+            self.created = None
+        elif info.name is not None and info.capacity >= nbytes:
+            segment = self.writer._mapped.get(info.slot_id)
+            if segment is None or segment.name != info.name:
+                segment = Segment(info.name)
+                self.writer._mapped[info.slot_id] = segment
+            return segment.array
+        size = nbytes if info.name is None else nbytes + nbytes // _GROWTH_HEADROOM
+        size = max(_PAGE, (size + _PAGE - 1) // _PAGE * _PAGE)
+        self.created = Segment(info.next_name, size, create=True)
+        self.writer._mapped[info.slot_id] = self.created
+        return self.created.array
+
+    @property
+    def created_name(self) -> str | None:
+        return self.created.name if self.created is not None else None

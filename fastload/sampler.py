@@ -1,0 +1,453 @@
+"""Samplers: which dataset indices an epoch visits, and in what order.
+
+torch.utils.data's sampler family with the same arguments, validation and
+iteration results, as thin Python over ``fastload._core``: every random index
+stream is one kernel call per epoch, never a Python loop over indices.
+
+The loader's fast path rests on two small protocols, kept private because
+user samplers need not implement them:
+
+* ``_epoch_indices()``: the whole epoch as a C-contiguous int64 array.  It
+  draws exactly one seed from ``_seed_source``, as one ``__iter__`` does, and
+  ``__iter__`` yields exactly these indices as Python ints.
+* ``_seed_source``: the ``SeedSource`` behind a random sampler, so the loader
+  can snapshot it before an epoch and replay that epoch on resume.
+
+Random streams differ from torch's (we do not reproduce torch's Mersenne
+Twister); everything else (lengths, padding, batching, errors) matches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from fastload import _core
+from fastload.rng import SeedSource
+
+__all__ = [
+    "BatchSampler",
+    "DistributedSampler",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+]
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+# Indices become Python ints this many at a time: one .tolist() per chunk
+# costs little, while a whole-epoch list of 10**8 ints would cost gigabytes.
+_TOLIST_CHUNK = 1 << 16
+
+
+def _iter_ints(indices: np.ndarray) -> Iterator[int]:
+    for start in range(0, indices.shape[0], _TOLIST_CHUNK):
+        yield from indices[start:start + _TOLIST_CHUNK].tolist()
+
+
+class Sampler(Generic[_T_co]):
+    """Base class of all samplers: subclasses provide ``__iter__`` and usually ``__len__``.
+
+    No default ``__len__``, on purpose (as torch): ``list(sampler)`` and the
+    loader fall back to plain iteration when it is missing, which a default
+    that raised would prevent.
+    """
+
+    def __iter__(self) -> Iterator[_T_co]:
+        raise NotImplementedError
+
+
+class _SeededSampler(Sampler[int]):
+    """A sampler with a random stream: ``generator`` feeds ``_seed_source``."""
+
+    _seed_source: SeedSource
+
+    @property
+    def generator(self) -> Any:
+        return self._generator
+
+    @generator.setter
+    def generator(self, value: Any) -> None:
+        # Reassigning the generator (as torch allows) restarts the stream from it.
+        self._generator = value
+        self._seed_source = SeedSource(value)
+
+    def _epoch_indices(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[int]:
+        # A generator function, so the seed is drawn at the first next(), as
+        # torch's samplers draw theirs.
+        yield from _iter_ints(self._epoch_indices())
+
+
+class SequentialSampler(Sampler[int]):
+    """``0, 1, ..., len(data_source) - 1``, every epoch."""
+
+    data_source: Sized
+
+    def __init__(self, data_source: Sized) -> None:
+        self.data_source = data_source
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.data_source)))
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+    def _epoch_indices(self) -> np.ndarray:
+        return np.arange(len(self.data_source), dtype=np.int64)
+
+
+class RandomSampler(_SeededSampler):
+    """Random order: a permutation, or ``num_samples`` draws with replacement.
+
+    Without replacement and ``num_samples > len(data_source)``, the epoch is
+    whole permutations followed by the head of one more, as torch.
+    """
+
+    data_source: Sized
+    replacement: bool
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: Any = None,
+    ) -> None:
+        self.data_source = data_source
+        self.replacement = replacement
+        self._num_samples = num_samples
+        self.generator = generator
+        if not isinstance(self.replacement, bool):
+            raise TypeError(
+                f"replacement should be a boolean value, but got replacement={self.replacement}"
+            )
+        # As torch: a bool passes this check (True means one sample).
+        if not isinstance(self.num_samples, int) or self.num_samples <= 0:
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got num_samples={self.num_samples}"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        # Read the length each time: the dataset may change size between epochs.
+        if self._num_samples is None:
+            return len(self.data_source)
+        return self._num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _epoch_indices(self) -> np.ndarray:
+        n = len(self.data_source)
+        count = int(self.num_samples)
+        if n == 0:
+            how = "with" if self.replacement else "without"
+            error = RuntimeError if self.replacement else ValueError
+            raise error(f"cannot draw num_samples={count} indices {how} replacement "
+                        f"from an empty data_source")
+        seed = self._seed_source.draw()
+        if self.replacement:
+            return _core.randint(n, count, seed)
+        return _core.permutation_stream(n, count, seed)
+
+
+class SubsetRandomSampler(_SeededSampler):
+    """The given ``indices`` in random order, without replacement.
+
+    ``indices`` is read at every epoch, so changing it in place between
+    epochs takes effect, as in torch.
+    """
+
+    indices: Sequence[int]
+
+    def __init__(self, indices: Sequence[int], generator: Any = None) -> None:
+        self.indices = indices
+        self.generator = generator
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _index_array(self) -> np.ndarray:
+        if isinstance(self.indices, range):
+            r = self.indices
+            return np.arange(r.start, r.stop, r.step, dtype=np.int64)
+        array = np.asarray(self.indices)
+        if array.ndim != 1:
+            raise ValueError(f"indices should be a 1d sequence, but got shape {array.shape}")
+        if array.size and array.dtype.kind not in "iu":
+            raise TypeError(f"indices should be integers, but got dtype {array.dtype}")
+        return array.astype(np.int64, copy=False)
+
+    def _epoch_indices(self) -> np.ndarray:
+        indices = self._index_array()
+        order = _core.permutation(indices.shape[0], self._seed_source.draw())
+        return indices[order]
+
+
+class WeightedRandomSampler(_SeededSampler):
+    """``num_samples`` indices of ``range(len(weights))``, drawn proportionally to ``weights``.
+
+    With replacement each draw is O(1) from an alias table built once (on the
+    first epoch, and again whenever ``weights`` is reassigned).  Invalid
+    weights raise on the first epoch, as torch.multinomial does then.
+    """
+
+    weights: np.ndarray
+    num_samples: int
+    replacement: bool
+
+    def __init__(
+        self,
+        weights: Sequence[float],
+        num_samples: int,
+        replacement: bool = True,
+        generator: Any = None,
+    ) -> None:
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples <= 0:
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got num_samples={num_samples}"
+            )
+        if not isinstance(replacement, bool):
+            raise ValueError(
+                f"replacement should be a boolean value, but got replacement={replacement}"
+            )
+        self.weights = weights
+        self.num_samples = num_samples
+        self.replacement = replacement
+        self.generator = generator
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self._weights
+
+    @weights.setter
+    def weights(self, value: Sequence[float]) -> None:
+        # A private copy, so the cached alias table cannot go stale behind our
+        # back.  asarray first: a tensor's __array__ rejects numpy 2's copy=.
+        array = np.asarray(value, dtype=np.float64).copy()
+        if array.ndim != 1:
+            raise ValueError(
+                "weights should be a 1d sequence but given "
+                f"weights have shape {tuple(array.shape)}"
+            )
+        self._weights = array
+        self._alias: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _epoch_indices(self) -> np.ndarray:
+        if self.replacement:
+            if self._alias is None:
+                self._alias = _core.alias_table(self._weights)
+            return _core.alias_draw(self._alias, self.num_samples, self._seed_source.draw())
+        return _core.weighted_sample(self._weights, self.num_samples, False,
+                                     self._seed_source.draw())
+
+
+def _epoch_source(sampler: Any) -> Callable[[], np.ndarray] | None:
+    """The sampler's whole-epoch kernel, or None when it must be iterated.
+
+    A subclass that overrides ``__iter__`` without ``_epoch_indices`` has
+    its own order; then the kernel would be wrong, so it is not used.
+    """
+    if type(sampler) is range:
+        r = sampler
+        return lambda: np.arange(r.start, r.stop, r.step, dtype=np.int64)
+    epoch = getattr(sampler, "_epoch_indices", None)
+    if epoch is None:
+        return None
+    cls = type(sampler)
+    for owner in cls.__mro__:
+        if "_epoch_indices" in vars(owner):
+            return epoch if cls.__iter__ is owner.__iter__ else None
+    return None
+
+
+class BatchSampler(Sampler[list[int]]):
+    """Groups the indices of ``sampler`` into lists of ``batch_size``.
+
+    ``drop_last`` drops a final short batch.  When ``sampler`` is one of ours
+    (or a ``range``), the epoch comes from one kernel call and batches are
+    slices of it, instead of one Python-level step per index.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler[int] | Iterable[int],
+        batch_size: int,
+        drop_last: bool,
+    ) -> None:
+        # No isinstance(sampler, Iterable) check: an object may be iterable
+        # through __getitem__ alone, which that check would miss (as torch).
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size}"
+            )
+        if not isinstance(drop_last, bool):
+            raise ValueError(
+                f"drop_last should be a boolean value, but got drop_last={drop_last}"
+            )
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def _slices(self, epoch: np.ndarray) -> Iterator[np.ndarray]:
+        size = self.batch_size
+        stop = epoch.shape[0]
+        if self.drop_last:
+            stop -= stop % size
+        for start in range(0, stop, size):
+            yield epoch[start:start + size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        source = _epoch_source(self.sampler)
+        if source is not None:
+            for batch in self._slices(source()):
+                yield batch.tolist()
+            return
+        sampler_iter = iter(self.sampler)
+        if self.drop_last:
+            # zip over batch_size references to one iterator stops at the
+            # first incomplete group: exactly the drop_last batches.
+            for batch in zip(*([sampler_iter] * self.batch_size)):
+                yield [*batch]
+        else:
+            batch = [*itertools.islice(sampler_iter, self.batch_size)]
+            while batch:
+                yield batch
+                batch = [*itertools.islice(sampler_iter, self.batch_size)]
+
+    def _index_batches(self) -> Iterator[np.ndarray]:
+        """The batches of ``__iter__`` as int64 arrays (views of one epoch array when possible)."""
+        source = _epoch_source(self.sampler)
+        if source is not None:
+            yield from self._slices(np.ascontiguousarray(source(), dtype=np.int64))
+            return
+        sampler_iter = iter(self.sampler)
+        while True:
+            batch = np.fromiter(itertools.islice(sampler_iter, self.batch_size), dtype=np.int64)
+            if batch.shape[0] == 0 or (self.drop_last and batch.shape[0] < self.batch_size):
+                return
+            yield batch
+
+    def __len__(self) -> int:
+        # Only for samplers with a length; see Sampler's docstring.
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size  # type: ignore[arg-type]
+        return (len(self.sampler) + self.batch_size - 1) // self.batch_size  # type: ignore[arg-type]
+
+
+_NO_GROUP_MESSAGE = (
+    "Default process group has not been initialized, please make sure to call "
+    "init_process_group. (fastload also reads {name} from the environment, as "
+    "torchrun sets it, or takes num_replicas and rank as arguments.)"
+)
+
+
+def _initialized_group() -> Any:
+    """``torch.distributed`` if it holds an initialised default group, else None.
+
+    Never imports torch: a process group can only exist once the program has
+    imported ``torch.distributed`` itself.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _from_environment(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(_NO_GROUP_MESSAGE.format(name=name))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} in the environment is not an integer") from None
+
+
+class DistributedSampler(Sampler[int]):
+    """This rank's share of the dataset, for data-parallel training.
+
+    Each epoch orders the dataset (a permutation seeded by ``seed + epoch``,
+    the same on every rank, or in order), pads it by repeating from its start
+    to a multiple of ``num_replicas`` (or, with ``drop_last``, cuts the tail),
+    and keeps every ``num_replicas``-th index from ``rank`` on.  Call
+    ``set_epoch`` before each epoch, or every epoch has the same order.
+
+    ``num_replicas`` and ``rank`` default to the initialised torch process
+    group, else to the ``WORLD_SIZE`` and ``RANK`` environment variables.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        group = _initialized_group() if num_replicas is None or rank is None else None
+        if num_replicas is None:
+            num_replicas = group.get_world_size() if group is not None else _from_environment("WORLD_SIZE")
+        if rank is None:
+            rank = group.get_rank() if group is not None else _from_environment("RANK")
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
+            )
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        n = len(self.dataset)
+        if self.drop_last and n % self.num_replicas != 0:
+            # Largest multiple of num_replicas below n, so every rank gets as
+            # many indices and none is repeated.
+            self.num_samples = math.ceil((n - self.num_replicas) / self.num_replicas)
+        else:
+            self.num_samples = math.ceil(n / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def _epoch_indices(self) -> np.ndarray:
+        n = len(self.dataset)
+        if self.shuffle:
+            # Every rank must build the same order: it depends on seed + epoch
+            # only (torch's manual_seed takes the same value modulo 2**64).
+            order = _core.permutation(n, (self.seed + self.epoch) % (1 << 64))
+        else:
+            order = np.arange(n, dtype=np.int64)
+        if self.drop_last:
+            return np.ascontiguousarray(order[self.rank:self.total_size:self.num_replicas])
+        if n == 0:
+            return order
+        # Padding repeats the order from its start, i.e. position p holds
+        # order[p % n]: gather this rank's positions directly.
+        positions = np.arange(self.rank, self.total_size, self.num_replicas, dtype=np.int64)
+        return order[positions % n]
+
+    def __iter__(self) -> Iterator[int]:
+        return _iter_ints(self._epoch_indices())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch, so that shuffling differs between epochs (same on all ranks)."""
+        self.epoch = epoch

@@ -1,0 +1,35 @@
+"""Image folders and transforms: the parts of torchvision that image ingest needs.
+
+``ImageFolder`` / ``DatasetFolder`` follow torchvision's layout, ordering and
+attributes with a compact numpy sample table; ``fastload.vision.transforms``
+has torchvision's basic transforms on PIL images and numpy arrays.
+"""
+
+from . import transforms
+from .folder import (
+    IMG_EXTENSIONS,
+    DatasetFolder,
+    ImageFolder,
+    default_loader,
+    find_classes,
+    has_file_allowed_extension,
+    is_image_file,
+    make_dataset,
+    pil_loader,
+)
+from .sample_table import SampleTable, TargetList
+
+__all__ = [
+    "DatasetFolder",
+    "ImageFolder",
+    "IMG_EXTENSIONS",
+    "default_loader",
+    "pil_loader",
+    "find_classes",
+    "make_dataset",
+    "has_file_allowed_extension",
+    "is_image_file",
+    "SampleTable",
+    "TargetList",
+    "transforms",
+]

@@ -1,0 +1,104 @@
+"""Opening image files: torchvision's loaders, and reduced-size JPEG decoding.
+
+Reduced-size decoding
+---------------------
+libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size by scaling the DCT,
+skipping most of the work; Pillow exposes this as ``Image.draft``.  It pays
+when the pixels a transform reads are far more than the pixels it outputs:
+``Resize(256)`` of a 4000x3000 photo, or a ``RandomResizedCrop(224)`` whose box
+is over 448 pixels on its short side.
+
+The transform decides where it reads and how big its output is *before*
+decoding, from the size in the file header (``plan_region``, which draws
+exactly the random numbers the transform's ``__call__`` would, in the same
+order).  We pick the largest reduction ``s`` for which the box, shrunk by
+``s``, still has at least as many pixels as the output in each direction, ask
+libjpeg for that, and resample the box mapped into the reduced image's
+coordinates (a float box: reduced pixel ``k`` covers full pixels
+``[k*s, (k+1)*s)``).  The crop therefore covers the same part of the scene
+as after a full decode; the only difference is resampling error (the DCT
+downscale pre-averages s x s blocks before Pillow's antialiasing filter).
+Tests bound it at a mean absolute error of 1 level (of 255) on smooth images;
+measured, it is about 0.1 there and about 0.5 on grainy, striped synthetic
+photos, for Resize, RandomResizedCrop and Resize + CenterCrop.
+
+When no reduction applies (non-JPEG, small box, NEAREST interpolation) the
+image is decoded fully and the transform's exact crop-then-resize is used, so
+the result is bit-identical to calling the transform on ``pil_loader(path)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from PIL import Image
+
+from .transforms import Compose, RegionPlan
+
+__all__ = ["pil_loader", "default_loader", "RegionPlanner", "split_planned_head", "decode_planned"]
+
+
+def pil_loader(path: str) -> Image.Image:
+    """Open ``path`` with Pillow and return it decoded as an RGB image (torchvision's loader)."""
+    # Open the file ourselves so the descriptor is closed now, not at garbage collection.
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        return _as_rgb(img)
+
+
+def default_loader(path: str) -> Image.Image:
+    """The loader ``ImageFolder`` uses: Pillow, RGB (torchvision's accimage backend is not offered)."""
+    return pil_loader(path)
+
+
+def _as_rgb(img: Image.Image) -> Image.Image:
+    img.load()
+    # convert() always copies; an already-RGB image needs no copy.
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+class RegionPlanner(Protocol):
+    """A transform that can say, from an image's size alone, what region it reads."""
+
+    def plan_region(self, width: int, height: int) -> RegionPlan: ...
+
+
+def split_planned_head(transform: Any) -> tuple[RegionPlanner | None, Sequence[Callable[[Any], Any]]]:
+    """Split ``transform`` into a first step that can plan its region, and the steps after it.
+
+    ``(None, ())`` when it cannot plan (then decode fully and apply ``transform``).
+    """
+    if isinstance(transform, Compose):
+        steps = transform.transforms
+        if len(steps) > 0 and hasattr(steps[0], "plan_region"):
+            return steps[0], steps[1:]
+        return None, ()
+    if hasattr(transform, "plan_region"):
+        return transform, ()
+    return None, ()
+
+
+def decode_planned(path: str, head: RegionPlanner) -> Image.Image:
+    """``head(pil_loader(path))``, decoding the JPEG at reduced size when ``head``'s plan allows it."""
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        full_width, full_height = img.size
+        plan = head.plan_region(full_width, full_height)
+        reduction = plan.max_reduction()
+        if reduction > 1:
+            reduction = _draft(img, reduction)
+        img = _as_rgb(img)
+    return plan.render(img, reduction)
+
+
+def _draft(img: Image.Image, reduction: int) -> int:
+    """Ask the decoder for ``1/reduction`` scale; return the reduction it will actually apply."""
+    full_width = img.width
+    # Pillow picks the largest of 8, 4, 2, 1 that divides the size into at least
+    # the requested size; asking for floor(size / reduction) yields exactly `reduction`.
+    drafted = img.draft("RGB", (img.width // reduction, img.height // reduction))
+    if drafted is None:  # not a JPEG (or already configured): full decode
+        return 1
+    _, full_box_in_reduced_pixels = drafted
+    return round(full_width / full_box_in_reduced_pixels[2])

@@ -1,0 +1,298 @@
+"""Folder datasets: ``root/<class>/**/<file>``, with torchvision's rules and a compact table.
+
+The scan is torchvision's, step for step, so ``classes``, ``class_to_idx`` and
+the order of ``samples`` are identical to ``torchvision.datasets.ImageFolder``
+on the same directory:
+
+* classes are the sorted names of the entries of ``root`` that are
+  directories (symlinks to directories count; hidden ones too);
+* each class directory is walked with ``os.walk(followlinks=True)``, the
+  ``(dirpath, dirnames, filenames)`` triples sorted (so by ``dirpath``) and
+  the file names within each sorted;
+* a file is kept when its lower-cased name ends with one of ``extensions``
+  (or when ``is_valid_file(path)`` says so).
+
+What differs is storage: ``samples`` is a ``SampleTable`` (numpy arrays, see
+``sample_table``), so forked DataLoader workers reading it do not copy it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..dataset import Dataset
+from .decode import decode_planned, default_loader, pil_loader, split_planned_head
+from .sample_table import SampleTable, TargetList
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "has_file_allowed_extension",
+    "is_image_file",
+    "find_classes",
+    "make_dataset",
+    "DatasetFolder",
+    "ImageFolder",
+    "default_loader",
+    "pil_loader",
+]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def has_file_allowed_extension(filename: str, extensions: str | tuple[str, ...]) -> bool:
+    """Whether ``filename``, lower-cased, ends with ``extensions`` (one string or a tuple)."""
+    return filename.lower().endswith(extensions if isinstance(extensions, str) else tuple(extensions))
+
+
+def is_image_file(filename: str) -> bool:
+    """Whether ``filename`` has one of ``IMG_EXTENSIONS``."""
+    return has_file_allowed_extension(filename, IMG_EXTENSIONS)
+
+
+def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+    """The sorted sub-directory names of ``directory``, and their indices.
+
+    Raises ``FileNotFoundError`` when there are none.
+    """
+    classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+    return classes, {name: index for index, name in enumerate(classes)}
+
+
+def _iter_samples(directory: str, class_to_idx: dict[str, int] | None,
+                  extensions: str | tuple[str, ...] | None,
+                  is_valid_file: Callable[[str], bool] | None,
+                  allow_empty: bool) -> Iterator[tuple[str, int]]:
+    """Yield ``(path, class_index)`` in torchvision's order, then check for empty classes."""
+    if class_to_idx is None:
+        _, class_to_idx = find_classes(directory)
+    elif not class_to_idx:
+        raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
+    if (extensions is None) == (is_valid_file is None):
+        raise ValueError("Both extensions and is_valid_file cannot be None or not None at the same time")
+    if extensions is not None:
+        allowed = extensions
+
+        def is_valid_file(path: str) -> bool:
+            return has_file_allowed_extension(path, allowed)
+
+    found_classes = set()
+    for class_name in sorted(class_to_idx.keys()):
+        class_index = class_to_idx[class_name]
+        class_dir = os.path.join(directory, class_name)
+        if not os.path.isdir(class_dir):
+            continue
+        for dirpath, _, filenames in sorted(os.walk(class_dir, followlinks=True)):
+            for filename in sorted(filenames):
+                path = os.path.join(dirpath, filename)
+                if is_valid_file(path):
+                    found_classes.add(class_name)
+                    yield path, class_index
+
+    empty_classes = set(class_to_idx.keys()) - found_classes
+    if empty_classes and not allow_empty:
+        message = f"Found no valid file for the classes {', '.join(sorted(empty_classes))}. "
+        if extensions is not None:
+            listed = extensions if isinstance(extensions, str) else ", ".join(extensions)
+            message += f"Supported extensions are: {listed}"
+        raise FileNotFoundError(message)
+
+
+def make_dataset(directory: str | os.PathLike, class_to_idx: dict[str, int] | None = None,
+                 extensions: str | tuple[str, ...] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False) -> list[tuple[str, int]]:
+    """torchvision's ``make_dataset``: the list of ``(path, class_index)`` under ``directory``.
+
+    Exactly one of ``extensions`` and ``is_valid_file`` must be given
+    (``ValueError`` otherwise).  A class with no valid file raises
+    ``FileNotFoundError`` naming it (and the supported extensions) unless
+    ``allow_empty``.
+    """
+    directory = os.path.expanduser(os.fspath(directory))
+    return list(_iter_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty))
+
+
+def _error_naming_sample(error: BaseException, path: str, index: int) -> BaseException:
+    """The same kind of error, with a message that names the sample and its file.
+
+    ``type(error)(message)`` keeps ``except OSError`` / ``except
+    PIL.UnidentifiedImageError`` working; for exception types whose
+    constructor does not take one message, the note is attached instead.
+    """
+    message = f"cannot load sample {index} from {path!r}: {error}"
+    try:
+        renamed = type(error)(message)
+    except Exception:
+        renamed = None
+    if renamed is not None and str(renamed) == message:
+        return renamed
+    if hasattr(error, "add_note"):
+        error.add_note(message)
+        return error
+    return RuntimeError(message)
+
+
+class DatasetFolder(Dataset):
+    """A map-style dataset of files arranged as ``root/<class>/**/<file>``, as torchvision's.
+
+    Args:
+        root: the directory holding one sub-directory per class.
+        loader: turns a file path into a sample.
+        extensions: lower-case file endings to keep; exclusive with ``is_valid_file``.
+        transform: applied to each loaded sample.
+        target_transform: applied to each class index.
+        is_valid_file: ``path -> bool``, which files to keep; exclusive with ``extensions``.
+        allow_empty: allow classes with no valid file instead of raising.
+
+    Attributes (torchvision's): ``root``, ``loader``, ``extensions``, ``classes``,
+    ``class_to_idx``, ``samples`` (a list-like of ``(path, class_index)``,
+    stored as numpy arrays), ``targets`` (a list-like of ints),
+    ``transform``, ``target_transform``.
+
+    A file that cannot be loaded raises its original exception type (e.g.
+    ``PIL.UnidentifiedImageError``, ``OSError``) with a message naming the
+    sample index and the path.
+    """
+
+    def __init__(self, root: str | os.PathLike, loader: Callable[[str], Any],
+                 extensions: str | tuple[str, ...] | None = None,
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False) -> None:
+        if isinstance(root, str):
+            root = os.path.expanduser(root)
+        self.root = root
+        self.transform = transform
+        self.target_transform = target_transform
+        classes, class_to_idx = self.find_classes(self.root)
+        if type(self).make_dataset is DatasetFolder.make_dataset:
+            # Stream the scan straight into the table: no list of a million tuples.
+            directory = os.path.expanduser(os.fspath(self.root))
+            scan = _iter_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+            table = SampleTable.from_pairs(scan, prefix=os.path.join(directory, ""))
+        else:  # a subclass chose its own samples; keep them, compactly
+            pairs = self.make_dataset(self.root, class_to_idx=class_to_idx, extensions=extensions,
+                                      is_valid_file=is_valid_file, allow_empty=allow_empty)
+            table = SampleTable.from_pairs(pairs, prefix=os.path.join(os.fspath(self.root), ""))
+        self.loader = loader
+        self.extensions = extensions
+        self.classes = classes
+        self.class_to_idx = class_to_idx
+        self.samples = table
+
+    @staticmethod
+    def make_dataset(directory: str | os.PathLike, class_to_idx: dict[str, int],
+                     extensions: str | tuple[str, ...] | None = None,
+                     is_valid_file: Callable[[str], bool] | None = None,
+                     allow_empty: bool = False) -> list[tuple[str, int]]:
+        """The ``(path, class_index)`` list; override to change how samples are found."""
+        if class_to_idx is None:
+            # Unlike the module function, the method needs the classes found by find_classes.
+            raise ValueError("The class_to_idx parameter cannot be None.")
+        return make_dataset(directory, class_to_idx, extensions=extensions,
+                            is_valid_file=is_valid_file, allow_empty=allow_empty)
+
+    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+        """The class names and their indices; override for another class layout."""
+        return find_classes(directory)
+
+    # ``samples`` is reassignable, as torchvision's plain attribute is (people
+    # filter it); whatever is assigned is stored compactly again.
+    @property
+    def samples(self) -> SampleTable:
+        return self._samples
+
+    @samples.setter
+    def samples(self, pairs: Sequence[tuple[str, int]]) -> None:
+        if not isinstance(pairs, SampleTable):
+            pairs = SampleTable.from_pairs(pairs, prefix=os.path.join(os.fspath(self.root), ""))
+        self._samples = pairs
+        self._targets = TargetList(pairs.targets_array)
+
+    @property
+    def targets(self) -> TargetList:
+        return self._targets
+
+    @targets.setter
+    def targets(self, values: Sequence[int]) -> None:
+        # As in torchvision, targets is a separate attribute: __getitem__ reads samples.
+        self._targets = TargetList(np.array(values, dtype=np.int64))
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        """``(transform(loader(path)), target_transform(target))`` of sample ``index``."""
+        samples = self._samples
+        path, target = samples.path(index), samples.target(index)
+        transform = self.transform
+        head, rest = (None, ()) if self.loader not in (default_loader, pil_loader) \
+            else split_planned_head(transform)
+        try:
+            if head is not None:
+                sample = decode_planned(path, head)
+            else:
+                sample = self.loader(path)
+        except Exception as error:
+            raise _error_naming_sample(error, path, index) from error
+        if head is not None:
+            for step in rest:
+                sample = step(sample)
+        elif transform is not None:
+            sample = transform(sample)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        body = [f"Number of datapoints: {len(self)}", f"Root location: {self.root}"]
+        body += self.extra_repr().splitlines()
+        if self.transform is not None:
+            body += _indented_repr("Transform: ", self.transform)
+        if self.target_transform is not None:
+            body += _indented_repr("Target transform: ", self.target_transform)
+        return "\n".join([f"Dataset {self.__class__.__name__}"] + ["    " + line for line in body])
+
+
+def _indented_repr(head: str, obj: Any) -> list[str]:
+    lines = repr(obj).splitlines()
+    return [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
+
+
+class ImageFolder(DatasetFolder):
+    """torchvision's ``ImageFolder``: a ``DatasetFolder`` of images with ``IMG_EXTENSIONS``.
+
+    With the default loader and a transform whose first step is ``Resize`` or
+    ``RandomResizedCrop`` (alone or first in a ``Compose``), JPEGs are decoded
+    at 1/2, 1/4 or 1/8 size whenever the region that step reads still has at
+    least as many pixels as its output; see ``fastload.vision.decode``.  The
+    random draws and the region covered are those of a full decode; pixel
+    values differ only by resampling error.  ``imgs`` is ``samples``.
+    """
+
+    def __init__(self, root: str | os.PathLike, transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
+                 loader: Callable[[str], Any] = default_loader,
+                 is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False) -> None:
+        super().__init__(root, loader, IMG_EXTENSIONS if is_valid_file is None else None,
+                         transform=transform, target_transform=target_transform,
+                         is_valid_file=is_valid_file, allow_empty=allow_empty)
+
+    @property
+    def imgs(self) -> SampleTable:
+        return self.samples
+
+    @imgs.setter
+    def imgs(self, pairs: Sequence[tuple[str, int]]) -> None:
+        self.samples = pairs

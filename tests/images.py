@@ -1,0 +1,48 @@
+"""Small image files for the vision tests: structured content, written with Pillow."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from fastload.vision.synthetic import synthetic_image
+
+
+def save_image(path: str | os.PathLike, size: tuple[int, int] = (40, 30), seed: int = 0,
+               image_format: str | None = None) -> str:
+    """Write a photo-like ``size`` (width, height) image to ``path``; format from the extension."""
+    os.makedirs(os.path.dirname(os.fspath(path)), exist_ok=True)
+    pixels = synthetic_image(size[0], size[1], np.random.default_rng(seed))
+    Image.fromarray(pixels).save(path, image_format)
+    return os.fspath(path)
+
+
+def smooth_photo(width: int, height: int, seed: int = 0) -> Image.Image:
+    """A smooth RGB image: a two-colour gradient with a few soft-edged discs and boxes.
+
+    Smooth on purpose: reduced-size decoding is compared against full decoding
+    with a pixel-error bound, which only makes sense below the Nyquist limit
+    of the output.
+    """
+    rng = np.random.default_rng(seed)
+    ys = np.linspace(0, 1, height, dtype=np.float32)[:, None, None]
+    xs = np.linspace(0, 1, width, dtype=np.float32)[None, :, None]
+    start, end = rng.uniform(0, 255, size=(2, 3)).astype(np.float32)
+    pixels = start + (0.6 * xs + 0.4 * ys) * (end - start)
+    img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(6):
+        x0, y0 = rng.uniform(0, 0.8) * width, rng.uniform(0, 0.8) * height
+        x1, y1 = x0 + rng.uniform(0.1, 0.4) * width, y0 + rng.uniform(0.1, 0.4) * height
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=colour)
+    return img.filter(ImageFilter.GaussianBlur(radius=max(width, height) / 400))
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> str:
+    os.makedirs(os.path.dirname(os.fspath(path)), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return os.fspath(path)

@@ -1,0 +1,429 @@
+"""fastload.sampler against torch.utils.data's samplers.
+
+Deterministic samplers (sequential, batching, unshuffled distributed) must
+match torch exactly.  Random ones draw from a different generator, so they
+are compared by structure: lengths, sets, counts, padding.  The private
+loader protocol (_epoch_indices, _index_batches, _seed_source) is checked
+against the public iteration it must reproduce.
+"""
+
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fastload import sampler as fs
+
+SIZES = [0, 1, 2, 7, 10, 12, 13]
+
+
+@pytest.fixture
+def td(torch):
+    return torch.utils.data
+
+
+# --- sequential and batching: exact ----------------------------------------------
+
+@pytest.mark.parametrize("source", [range(0), range(9), list("abcde")])
+def test_sequential_matches_torch(td, source):
+    ours, theirs = fs.SequentialSampler(source), td.SequentialSampler(source)
+    assert list(ours) == list(theirs)
+    assert len(ours) == len(theirs)
+    assert ours._epoch_indices().tolist() == list(theirs)
+
+
+def _wrapped(kind, n, module):
+    if kind == "range":
+        return range(n)
+    if kind == "list":
+        return list(range(n))
+    if kind == "strided":
+        return range(3, 3 + 2 * n, 2)
+    return module.SequentialSampler(range(n))
+
+
+@pytest.mark.parametrize("kind", ["range", "list", "strided", "sequential"])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("batch_size", [1, 3, 5, 12, 20])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batch_sampler_matches_torch(td, kind, n, batch_size, drop_last):
+    ours = fs.BatchSampler(_wrapped(kind, n, fs), batch_size, drop_last)
+    theirs = td.BatchSampler(_wrapped(kind, n, td), batch_size, drop_last)
+    batches = list(ours)
+    assert batches == list(theirs)
+    assert len(ours) == len(theirs)
+    assert all(type(i) is int for batch in batches for i in batch)
+    arrays = list(ours._index_batches())
+    assert [a.tolist() for a in arrays] == batches
+    assert all(a.dtype == np.int64 and a.flags.c_contiguous for a in arrays)
+
+
+def test_batch_sampler_over_generic_iterable():
+    # Neither ours nor a range: the pull-in-chunks path of _index_batches.
+    class Odd:
+        def __iter__(self):
+            return iter([5, 3, 1, 4, 2])
+
+        def __len__(self):
+            return 5
+
+    for drop_last in (False, True):
+        bs = fs.BatchSampler(Odd(), 2, drop_last)
+        expected = [[5, 3], [1, 4]] + ([] if drop_last else [[2]])
+        assert list(bs) == expected
+        assert [a.tolist() for a in bs._index_batches()] == expected
+
+
+def test_batch_sampler_honours_a_subclass_iter():
+    # A subclass with its own __iter__ must not be bypassed by the kernel path.
+    class Reversed(fs.SequentialSampler):
+        def __iter__(self):
+            return iter(range(len(self.data_source) - 1, -1, -1))
+
+    bs = fs.BatchSampler(Reversed(range(5)), 2, False)
+    assert list(bs) == [[4, 3], [2, 1], [0]]
+    assert [a.tolist() for a in bs._index_batches()] == [[4, 3], [2, 1], [0]]
+
+
+# --- random samplers: structure ---------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 10, 1000, 200003])
+def test_random_sampler_is_a_permutation(td, n):
+    ours = list(fs.RandomSampler(range(n), generator=1))
+    theirs = list(td.RandomSampler(range(n)))
+    assert len(ours) == len(theirs) == n
+    assert sorted(ours) == sorted(theirs) == list(range(n))
+    assert all(type(i) is int for i in ours[:10])
+
+
+@pytest.mark.parametrize("num_samples", [1, 4, 10, 23, 30])
+def test_random_sampler_num_samples_without_replacement(td, num_samples):
+    n = 10
+    ours = list(fs.RandomSampler(range(n), num_samples=num_samples, generator=3))
+    theirs = list(td.RandomSampler(range(n), num_samples=num_samples))
+    assert len(ours) == len(theirs) == num_samples
+    assert len(fs.RandomSampler(range(n), num_samples=num_samples)) == num_samples
+    # Whole permutations, then a partial one without repeats, as torch.
+    for chunk_start in range(0, num_samples, n):
+        chunk = ours[chunk_start:chunk_start + n]
+        assert len(set(chunk)) == len(chunk)
+    assert sorted(Counter(ours).values()) == sorted(Counter(theirs).values())
+
+
+@pytest.mark.parametrize("num_samples", [None, 5, 1000])
+def test_random_sampler_with_replacement(td, num_samples):
+    ours = fs.RandomSampler(range(7), replacement=True, num_samples=num_samples, generator=2)
+    theirs = td.RandomSampler(range(7), replacement=True, num_samples=num_samples)
+    drawn = list(ours)
+    assert len(drawn) == len(ours) == len(theirs) == len(list(theirs))
+    assert set(drawn) <= set(range(7))
+    if num_samples == 1000:
+        assert set(drawn) == set(range(7))
+
+
+def test_random_sampler_follows_dataset_size():
+    data = list(range(5))
+    s = fs.RandomSampler(data, generator=0)
+    data.extend(range(5, 8))
+    assert len(s) == 8 and sorted(s) == list(range(8))
+
+
+def test_random_sampler_empty_source_errors():
+    with pytest.raises(RuntimeError):
+        list(fs.RandomSampler([], replacement=True, num_samples=3))
+    with pytest.raises(ValueError):
+        list(fs.RandomSampler([], num_samples=3))
+
+
+def test_subset_random_sampler(td):
+    indices = [10, 3, 99, 42, 7]
+    ours = list(fs.SubsetRandomSampler(indices, generator=4))
+    theirs = list(td.SubsetRandomSampler(indices))
+    assert sorted(ours) == sorted(theirs) == sorted(indices)
+    assert len(fs.SubsetRandomSampler(indices)) == len(td.SubsetRandomSampler(indices)) == 5
+    assert sorted(fs.SubsetRandomSampler(range(4, 20, 3), generator=0)) == list(range(4, 20, 3))
+    assert sorted(fs.SubsetRandomSampler(np.array([8, 6], dtype=np.int32), generator=0)) == [6, 8]
+    assert list(fs.SubsetRandomSampler([])) == []
+
+
+def test_subset_random_sampler_reads_indices_each_epoch():
+    indices = [1, 2, 3]
+    s = fs.SubsetRandomSampler(indices, generator=0)
+    indices.append(4)
+    assert sorted(s) == [1, 2, 3, 4]
+
+
+def test_weighted_random_sampler_with_replacement(td):
+    weights = [0.1, 0.0, 0.4, 2.0, 0.0, 1.0]
+    ours = fs.WeightedRandomSampler(weights, 5000, generator=5)
+    theirs = td.WeightedRandomSampler(weights, 5000)
+    drawn = list(ours)
+    assert len(drawn) == len(ours) == len(theirs) == len(list(theirs))
+    assert set(drawn) == {0, 2, 3, 5} == set(theirs)
+    counts = Counter(drawn)
+    assert counts[3] > counts[5] > counts[2] > counts[0]
+
+
+def test_weighted_random_sampler_without_replacement(td):
+    weights = [0.5, 0.0, 3.0, 1.0, 2.0]
+    for seed in range(20):
+        drawn = list(fs.WeightedRandomSampler(weights, 4, replacement=False, generator=seed))
+        assert sorted(drawn) == [0, 2, 3, 4]
+    assert len(list(td.WeightedRandomSampler(weights, 4, replacement=False))) == 4
+    with pytest.raises(RuntimeError):
+        list(fs.WeightedRandomSampler(weights, 5, replacement=False))
+
+
+def test_weighted_random_sampler_accepts_arrays_and_tensors(torch):
+    for weights in (np.array([1.0, 0.0, 2.0], dtype=np.float32), torch.tensor([1.0, 0.0, 2.0])):
+        s = fs.WeightedRandomSampler(weights, 50, generator=0)
+        assert s.weights.dtype == np.float64
+        assert set(s) == {0, 2}
+
+
+def test_weighted_random_sampler_weights_reassigned():
+    s = fs.WeightedRandomSampler([1.0, 0.0], 20, generator=0)
+    assert set(s) == {0}
+    s.weights = [0.0, 1.0]
+    assert set(s) == {1}
+
+
+# --- distributed --------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [0, 1, 5, 10, 11, 12])
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_distributed_unshuffled_matches_torch(td, n, replicas, drop_last):
+    for rank in range(replicas):
+        ours = fs.DistributedSampler(range(n), replicas, rank, shuffle=False, drop_last=drop_last)
+        theirs = td.DistributedSampler(range(n), replicas, rank, shuffle=False, drop_last=drop_last)
+        assert list(ours) == list(theirs)
+        assert len(ours) == len(theirs)
+        assert (ours.num_samples, ours.total_size) == (theirs.num_samples, theirs.total_size)
+        assert ours._epoch_indices().tolist() == list(theirs)
+
+
+@pytest.mark.parametrize("n", [1, 5, 10, 11, 1000, 200001])
+@pytest.mark.parametrize("replicas", [1, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_distributed_shuffled_structure(td, n, replicas, drop_last):
+    ours = [list(fs.DistributedSampler(range(n), replicas, r, seed=3, drop_last=drop_last))
+            for r in range(replicas)]
+    theirs = [list(td.DistributedSampler(range(n), replicas, r, seed=3, drop_last=drop_last))
+              for r in range(replicas)]
+    assert [len(x) for x in ours] == [len(x) for x in theirs]
+    merged, merged_theirs = Counter(sum(ours, [])), Counter(sum(theirs, []))
+    assert sorted(merged.values()) == sorted(merged_theirs.values())
+    if drop_last:
+        assert max(merged.values(), default=1) == 1
+    else:
+        assert set(merged) == set(range(n))
+
+
+def test_distributed_epochs_and_seeds():
+    def rank_lists(epoch, seed=0):
+        out = []
+        for r in range(3):
+            s = fs.DistributedSampler(range(30), 3, r, seed=seed)
+            s.set_epoch(epoch)
+            out.append(list(s))
+        return out
+
+    first = rank_lists(0)
+    assert sorted(sum(first, [])) == list(range(30))
+    assert rank_lists(0) == first
+    assert rank_lists(1) != first
+    assert rank_lists(0, seed=1) != first
+    s = fs.DistributedSampler(range(30), 3, 0, seed=5)
+    s.set_epoch(7)
+    assert s.epoch == 7 and not hasattr(s, "_seed_source")
+
+
+def test_distributed_rank_from_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    s = fs.DistributedSampler(range(10), shuffle=False)
+    assert (s.num_replicas, s.rank) == (4, 2)
+    assert list(s) == [2, 6, 0]  # padded by repeating from the start
+    assert fs.DistributedSampler(range(10), rank=0).num_replicas == 4
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match=r"Invalid rank 4, rank should be in the interval \[0, 3\]"):
+        fs.DistributedSampler(range(10))
+    monkeypatch.setenv("RANK", "two")
+    with pytest.raises(ValueError, match="RANK='two'"):
+        fs.DistributedSampler(range(10))
+
+
+def test_distributed_without_group_or_environment(td, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError) as theirs:
+        td.DistributedSampler(range(10))
+    with pytest.raises(ValueError) as ours:
+        fs.DistributedSampler(range(10))
+    assert str(ours.value).startswith(str(theirs.value))
+    with pytest.raises(ValueError):
+        fs.DistributedSampler(range(10), num_replicas=2)
+
+
+def test_distributed_rank_from_process_group(torch, tmp_path, monkeypatch):
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    monkeypatch.setenv("WORLD_SIZE", "5")  # the group must win over the environment
+    monkeypatch.setenv("RANK", "3")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        s = fs.DistributedSampler(range(6), shuffle=False)
+        assert (s.num_replicas, s.rank) == (1, 0)
+        assert list(s) == list(range(6))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_import_does_not_import_torch(tmp_path):
+    code = ("import sys, os; os.environ['WORLD_SIZE'] = '2'; os.environ['RANK'] = '1';"
+            "import fastload.sampler as s; list(s.DistributedSampler(range(5)));"
+            "list(s.RandomSampler(range(5))); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- validation: same error types as torch ------------------------------------------
+
+BAD_ARGS = {
+    "random replacement not bool": lambda m: m.RandomSampler(range(3), replacement=1),
+    "random num_samples zero": lambda m: m.RandomSampler(range(3), num_samples=0),
+    "random num_samples negative": lambda m: m.RandomSampler(range(3), num_samples=-2),
+    "random num_samples float": lambda m: m.RandomSampler(range(3), num_samples=2.0),
+    "random empty source": lambda m: m.RandomSampler([]),
+    "weighted num_samples zero": lambda m: m.WeightedRandomSampler([1.0], 0),
+    "weighted num_samples bool": lambda m: m.WeightedRandomSampler([1.0], True),
+    "weighted num_samples float": lambda m: m.WeightedRandomSampler([1.0], 1.5),
+    "weighted replacement not bool": lambda m: m.WeightedRandomSampler([1.0], 2, replacement=0),
+    "weighted 2d weights": lambda m: m.WeightedRandomSampler([[1.0, 2.0]], 2),
+    "weighted 0d weights": lambda m: m.WeightedRandomSampler(1.0, 2),
+    "weighted negative": lambda m: list(m.WeightedRandomSampler([1.0, -2.0], 2)),
+    "weighted nan": lambda m: list(m.WeightedRandomSampler([1.0, float("nan")], 2)),
+    "weighted inf": lambda m: list(m.WeightedRandomSampler([float("inf"), 1.0], 2)),
+    "weighted all zero": lambda m: list(m.WeightedRandomSampler([0.0, 0.0], 2)),
+    "weighted empty": lambda m: list(m.WeightedRandomSampler([], 2)),
+    "weighted too many without replacement":
+        lambda m: list(m.WeightedRandomSampler([1.0, 1.0], 3, replacement=False)),
+    "batch size zero": lambda m: m.BatchSampler(range(3), 0, False),
+    "batch size bool": lambda m: m.BatchSampler(range(3), True, False),
+    "batch size float": lambda m: m.BatchSampler(range(3), 2.0, False),
+    "batch size none": lambda m: m.BatchSampler(range(3), None, False),
+    "batch drop_last not bool": lambda m: m.BatchSampler(range(3), 2, 1),
+    "distributed rank too big": lambda m: m.DistributedSampler(range(3), num_replicas=2, rank=2),
+    "distributed rank negative": lambda m: m.DistributedSampler(range(3), num_replicas=2, rank=-1),
+    "distributed zero replicas": lambda m: m.DistributedSampler(range(3), num_replicas=0, rank=0),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGS))
+def test_errors_match_torch(td, case):
+    make = BAD_ARGS[case]
+    with pytest.raises(Exception) as theirs:
+        make(td)
+    with pytest.raises(Exception) as ours:
+        make(fs)
+    assert type(ours.value) is type(theirs.value)
+    # Where torch's message is fixed text, ours starts with it (and may add detail).
+    their_message = str(theirs.value)
+    if not their_message.startswith(("aminmax", "Trying")):
+        assert str(ours.value).startswith(their_message)
+
+
+# --- seeding and the loader protocol ---------------------------------------------
+
+def _random_samplers(generator):
+    return [
+        fs.RandomSampler(range(50), generator=generator),
+        fs.RandomSampler(range(50), replacement=True, num_samples=80, generator=generator),
+        fs.RandomSampler(range(20), num_samples=55, generator=generator),
+        fs.SubsetRandomSampler(list(range(0, 100, 2)), generator=generator),
+        fs.WeightedRandomSampler(np.arange(40.0), 60, generator=generator),
+        fs.WeightedRandomSampler(np.arange(40.0), 30, replacement=False, generator=generator),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_same_seed_same_order_different_seed_differs(index):
+    a, b, c = (_random_samplers(g)[index] for g in (7, 7, 8))
+    first = list(a)
+    assert first == list(b)
+    assert first != list(c)
+    assert list(a) != first  # the next epoch draws a new seed
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_numpy_and_torch_generators_accepted(torch, index):
+    a = _random_samplers(np.random.default_rng(3))[index]
+    b = _random_samplers(np.random.default_rng(3))[index]
+    assert list(a) == list(b)
+    c = _random_samplers(torch.Generator().manual_seed(3))[index]
+    d = _random_samplers(torch.Generator().manual_seed(3))[index]
+    assert list(c) == list(d)
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_epoch_indices_equal_iteration_and_resume(index):
+    s = _random_samplers(11)[index]
+    state = s._seed_source.get_state()
+    epoch = s._epoch_indices()
+    assert epoch.dtype == np.int64 and epoch.flags.c_contiguous and epoch.ndim == 1
+    s._seed_source.set_state(state)
+    assert list(s) == epoch.tolist()
+    # Restoring the snapshot replays the epoch; without it the next differs.
+    s._seed_source.set_state(state)
+    assert np.array_equal(s._epoch_indices(), epoch)
+    assert not np.array_equal(s._epoch_indices(), epoch)
+
+
+@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_index_batches_equal_batch_iteration(index, drop_last):
+    s = _random_samplers(12)[index]
+    bs = fs.BatchSampler(s, 7, drop_last)
+    state = s._seed_source.get_state()
+    arrays = list(bs._index_batches())
+    s._seed_source.set_state(state)
+    assert [a.tolist() for a in arrays] == list(bs)
+    assert len(arrays) == len(bs)
+
+
+def test_iteration_draws_seed_lazily_like_torch():
+    s = fs.RandomSampler(range(10), generator=1)
+    state = s._seed_source.get_state()
+    it = iter(s)
+    assert s._seed_source.get_state() == state
+    next(it)
+    assert s._seed_source.get_state() != state
+
+
+def test_generator_reassignment_restarts_stream():
+    s = fs.RandomSampler(range(30), generator=4)
+    first = list(s)
+    s.generator = 4
+    assert list(s) == first
+
+
+def test_large_epoch_iterates_in_chunks():
+    s = fs.RandomSampler(range(300007), generator=0)
+    out = list(s)
+    assert len(out) == 300007 and sorted(out) == list(range(300007))
+
+
+def test_sequential_and_distributed_have_epoch_indices():
+    assert fs.SequentialSampler(range(4))._epoch_indices().tolist() == [0, 1, 2, 3]
+    d = fs.DistributedSampler(range(9), 2, 1)
+    assert d._epoch_indices().tolist() == list(d)
+
+
+def test_all_exported():
+    assert set(fs.__all__) == {"Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
+                               "WeightedRandomSampler", "BatchSampler", "DistributedSampler"}
+    with pytest.raises(NotImplementedError):
+        iter(fs.Sampler())

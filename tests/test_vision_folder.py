@@ -1,0 +1,404 @@
+"""fastload.vision.folder: torchvision's ImageFolder/DatasetFolder rules, compact storage,
+reduced-size JPEG decoding and errors for bad files.
+
+Expected values are written out by hand from torchvision's documented rules
+(torchvision itself is not installed here).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+from PIL import Image, JpegImagePlugin, UnidentifiedImageError
+
+from fastload.dataset import Dataset
+from fastload.rng import seed_transform_rng
+from fastload.vision import (
+    IMG_EXTENSIONS,
+    DatasetFolder,
+    ImageFolder,
+    default_loader,
+    find_classes,
+    has_file_allowed_extension,
+    make_dataset,
+    pil_loader,
+)
+from fastload.vision import transforms as T
+from fastload.vision.sample_table import SampleTable
+from images import save_image, smooth_photo, write_bytes
+
+
+def _tree(root, files):
+    for relative in files:
+        path = os.path.join(root, relative)
+        if relative.lower().endswith(IMG_EXTENSIONS):
+            save_image(path, seed=len(path))
+        else:
+            write_bytes(path, b"not an image")
+
+
+@pytest.fixture
+def layout(tmp_path):
+    """A folder exercising every ordering rule; returns (root, expected classes, expected samples)."""
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    _tree(root, [
+        "cat/a.jpg", "cat/B.JPG", "cat/c.png", "cat/notes.txt", "cat/.hidden.jpg",
+        "cat/sub/d.jpeg", "cat/sub/sub2/e.PNG", "cat/sub-x/f.bmp",
+        "dog/z.bmp", "dog/a.webp", "dog/readme.md",
+        ".hiddenclass/x.jpg",
+        "loose_file.jpg",
+    ])
+    _tree(outside, ["linked_class/l1.jpg", "linked_sub/s1.tif"])
+    os.symlink(outside / "linked_class", root / "linked", target_is_directory=True)
+    os.symlink(outside / "linked_sub", root / "cat" / "linksub", target_is_directory=True)
+    r = str(root)
+    classes = [".hiddenclass", "cat", "dog", "linked"]
+    samples = [
+        (f"{r}/.hiddenclass/x.jpg", 0),
+        # files of one directory sorted by code point: '.' < 'B' < 'a'
+        (f"{r}/cat/.hidden.jpg", 1),
+        (f"{r}/cat/B.JPG", 1),
+        (f"{r}/cat/a.jpg", 1),
+        (f"{r}/cat/c.png", 1),
+        # walk triples sorted by dirpath: cat/linksub < cat/sub < cat/sub-x < cat/sub/sub2
+        (f"{r}/cat/linksub/s1.tif", 1),
+        (f"{r}/cat/sub/d.jpeg", 1),
+        (f"{r}/cat/sub-x/f.bmp", 1),
+        (f"{r}/cat/sub/sub2/e.PNG", 1),
+        (f"{r}/dog/a.webp", 2),
+        (f"{r}/dog/z.bmp", 2),
+        (f"{r}/linked/l1.jpg", 3),
+    ]
+    return r, classes, samples
+
+
+def test_layout_and_ordering_follow_torchvision(layout):
+    root, classes, samples = layout
+    ds = ImageFolder(root)
+    assert isinstance(ds, Dataset)
+    assert ds.classes == classes
+    assert ds.class_to_idx == {name: i for i, name in enumerate(classes)}
+    assert ds.samples == samples
+    assert list(ds.samples) == samples
+    assert ds.imgs == samples
+    assert list(ds.targets) == [t for _, t in samples]
+    assert ds.extensions == IMG_EXTENSIONS
+    assert ds.root == root
+    assert ds.loader is default_loader
+    assert len(ds) == len(samples)
+    assert find_classes(root) == (classes, ds.class_to_idx)
+    assert make_dataset(root, extensions=IMG_EXTENSIONS) == samples
+    assert DatasetFolder.make_dataset(root, ds.class_to_idx, extensions=IMG_EXTENSIONS) == samples
+
+
+def test_samples_are_stored_in_numpy_and_read_as_a_list(layout):
+    root, _, samples = layout
+    ds = ImageFolder(root)
+    table = ds.samples
+    assert isinstance(table, SampleTable)
+    assert all(isinstance(getattr(table, slot), np.ndarray)
+               for slot in ("_path_bytes", "_offsets", "_targets"))
+    assert table.nbytes < sum(len(p) for p, _ in samples) + 16 * (len(samples) + 1)
+    assert table[0] == samples[0] and table[-1] == samples[-1]
+    assert table[2:5] == samples[2:5] and table[::-3] == samples[::-3]
+    assert table[np.int64(3)] == samples[3]
+    assert isinstance(table[0][0], str) and type(table[0][1]) is int
+    with pytest.raises(IndexError):
+        table[len(samples)]
+    with pytest.raises(TypeError):
+        table["0"]
+    assert table != samples[:-1] and table != [("x", 0)] * len(samples)
+    assert ds.targets[-1] == samples[-1][1] and ds.targets[1:3] == [1, 1]
+    targets = np.asarray(ds.targets)
+    assert targets.dtype == np.int64 and not targets.flags.writeable
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.samples == samples and list(clone.targets) == list(ds.targets)
+
+
+def test_reassigning_samples_keeps_them_compact(layout):
+    root, _, samples = layout
+    ds = ImageFolder(root)
+    ds.samples = [s for s in samples if s[1] == 2]
+    assert isinstance(ds.samples, SampleTable)
+    assert ds.samples == samples[9:11] and ds.imgs == samples[9:11]
+    assert list(ds.targets) == [2, 2] and len(ds) == 2
+    assert ds[1][1] == 2
+
+
+def test_unicode_and_undecodable_file_names_round_trip(tmp_path):
+    root = tmp_path / "root"
+    save_image(root / "ünï" / "b€.jpg")
+    raw_dir = os.fsencode(str(root / "ünï"))
+    raw_name = raw_dir + b"/bad\xff.jpg"  # not UTF-8: os.walk hands it back surrogate-escaped
+    with open(raw_name, "wb") as f:
+        f.write(open(root / "ünï" / "b€.jpg", "rb").read())
+    ds = ImageFolder(str(root))
+    assert [os.fsencode(p) for p, _ in ds.samples] == [raw_name, raw_dir + "/b€.jpg".encode()]
+    assert ds[0][0].size == (40, 30)
+
+
+def test_extensions_filter_and_empty_classes(tmp_path):
+    root = str(tmp_path)
+    _tree(root, ["a/1.png", "a/2.jpg", "b/3.jpg", "c/4.txt"])
+    with pytest.raises(FileNotFoundError) as raised:
+        DatasetFolder(root, pil_loader, extensions=(".png",))
+    message = str(raised.value)
+    assert "Found no valid file for the classes b, c." in message
+    assert "Supported extensions are: .png" in message
+    with pytest.raises(FileNotFoundError, match="Supported extensions are: .jpg, .png"):
+        DatasetFolder(root, pil_loader, extensions=(".jpg", ".png"))
+    ds = DatasetFolder(root, pil_loader, extensions=(".png",), allow_empty=True)
+    assert ds.classes == ["a", "b", "c"]
+    assert ds.samples == [(f"{root}/a/1.png", 0)]
+    ds = DatasetFolder(root, pil_loader, extensions=".jpg", allow_empty=True)  # one string works too
+    assert ds.samples == [(f"{root}/a/2.jpg", 0), (f"{root}/b/3.jpg", 1)]
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes c"):
+        ImageFolder(root)
+    assert len(ImageFolder(root, allow_empty=True)) == 3
+
+
+def test_is_valid_file_replaces_extensions(tmp_path):
+    root = str(tmp_path)
+    _tree(root, ["a/keep_1.jpg", "a/drop.jpg", "b/keep_2.txt"])
+    seen = []
+
+    def keep(path):
+        seen.append(path)
+        return os.path.basename(path).startswith("keep")
+
+    ds = ImageFolder(root, is_valid_file=keep)
+    assert ds.extensions is None
+    assert ds.samples == [(f"{root}/a/keep_1.jpg", 0), (f"{root}/b/keep_2.txt", 1)]
+    assert seen == [f"{root}/a/drop.jpg", f"{root}/a/keep_1.jpg", f"{root}/b/keep_2.txt"]
+    # An empty class reports no extensions when is_valid_file chose.
+    with pytest.raises(FileNotFoundError) as raised:
+        ImageFolder(root, is_valid_file=lambda p: p.endswith(".jpg"))
+    assert "classes b." in str(raised.value) and "Supported extensions" not in str(raised.value)
+
+
+def test_extensions_and_is_valid_file_both_or_neither_is_an_error(tmp_path):
+    _tree(str(tmp_path), ["a/1.jpg"])
+    message = "Both extensions and is_valid_file cannot be None or not None at the same time"
+    with pytest.raises(ValueError, match=message):
+        DatasetFolder(str(tmp_path), pil_loader)
+    with pytest.raises(ValueError, match=message):
+        DatasetFolder(str(tmp_path), pil_loader, extensions=(".jpg",), is_valid_file=bool)
+    with pytest.raises(ValueError, match=message):
+        make_dataset(str(tmp_path))
+    with pytest.raises(ValueError, match="class_to_idx parameter cannot be None"):
+        DatasetFolder.make_dataset(str(tmp_path), None, extensions=(".jpg",))
+
+
+def test_no_class_folder_is_an_error(tmp_path):
+    save_image(tmp_path / "lonely.jpg")
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder in"):
+        ImageFolder(str(tmp_path))
+
+
+def test_has_file_allowed_extension():
+    assert has_file_allowed_extension("x/IMG.JPEG", IMG_EXTENSIONS)
+    assert has_file_allowed_extension("a.Png", ".png")
+    assert not has_file_allowed_extension("a.png.txt", IMG_EXTENSIONS)
+    assert has_file_allowed_extension("a.tiff", [".tif", ".tiff"])
+
+
+def test_getitem_applies_loader_and_transforms(tmp_path):
+    root = str(tmp_path)
+    save_image(f"{root}/a/gray.png", size=(20, 10))
+    Image.open(f"{root}/a/gray.png").convert("L").save(f"{root}/a/gray.png")
+    save_image(f"{root}/b/rgb.jpg", size=(20, 10))
+    ds = ImageFolder(root, transform=T.ToArray(), target_transform=lambda t: t * 10)
+    image, target = ds[0]
+    assert image.shape == (3, 10, 20) and image.dtype == np.uint8 and target == 0
+    assert ds[-1][1] == 10
+    loaded = ImageFolder(root)[0][0]
+    assert isinstance(loaded, Image.Image) and loaded.mode == "RGB"
+    custom = ImageFolder(root, loader=lambda path: os.path.basename(path))
+    assert custom[1] == ("rgb.jpg", 1)
+
+
+def test_repr_names_root_and_transform(tmp_path):
+    _tree(str(tmp_path), ["a/1.jpg"])
+    text = repr(ImageFolder(str(tmp_path), transform=T.Compose([T.CenterCrop(4), T.ToArray()])))
+    assert text.startswith("Dataset ImageFolder\n    Number of datapoints: 1\n")
+    assert f"Root location: {tmp_path}" in text and "CenterCrop(size=(4, 4))" in text
+
+
+# -- bad files ------------------------------------------------------------
+
+
+def test_corrupt_files_raise_their_own_type_naming_path_and_index(tmp_path):
+    root = str(tmp_path)
+    good = save_image(f"{root}/a/0_good.jpg", size=(64, 48))
+    with open(good, "rb") as f:
+        jpeg = f.read()
+    truncated = write_bytes(f"{root}/a/1_truncated.jpg", jpeg[: len(jpeg) // 2])
+    not_image = write_bytes(f"{root}/a/2_text.jpg", b"hello, I am not a JPEG")
+    for transform in (None, T.Compose([T.RandomResizedCrop(8), T.ToArray()])):
+        ds = ImageFolder(root, transform=transform)
+        ds[0]
+        with pytest.raises(OSError) as raised:
+            ds[1]
+        assert truncated in str(raised.value) and "sample 1" in str(raised.value)
+        assert isinstance(raised.value.__cause__, OSError)
+        with pytest.raises(UnidentifiedImageError) as raised:
+            ds[2]
+        assert not_image in str(raised.value) and "sample 2" in str(raised.value)
+    os.remove(truncated)
+    os.remove(not_image)
+    ds = ImageFolder(root, transform=T.ToArray())
+    assert [ds[i][0].shape for i in range(len(ds))] == [(3, 48, 64)]
+
+
+def test_error_without_a_one_message_constructor_keeps_its_type(tmp_path):
+    _tree(str(tmp_path), ["a/1.jpg"])
+
+    class PickyError(Exception):
+        def __init__(self, code, detail):
+            super().__init__(code, detail)
+
+    def loader(path):
+        raise PickyError(7, "nope")
+
+    with pytest.raises(PickyError) as raised:
+        ImageFolder(str(tmp_path), loader=loader)[0]
+    assert any("1.jpg" in note for note in getattr(raised.value, "__notes__", []))
+
+
+# -- reduced-size JPEG decoding -------------------------------------------
+
+
+@pytest.fixture
+def draft_spy(monkeypatch):
+    """Records the scale of every JPEG draft request that Pillow honours."""
+    scales = []
+    original = JpegImagePlugin.JpegImageFile.draft
+
+    def draft(self, mode, size):
+        width = self.width
+        result = original(self, mode, size)
+        if result is not None:
+            scales.append(round(width / result[1][2]))
+        return result
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", draft)
+    return scales
+
+
+@pytest.fixture
+def big_jpeg_folder(tmp_path):
+    root = str(tmp_path)
+    os.makedirs(f"{root}/a")
+    for index, size in enumerate([(2000, 1500), (1600, 2400), (1203, 901)]):
+        smooth_photo(*size, seed=index).save(f"{root}/a/{index}.jpg", quality=92)
+    return root
+
+
+def _mean_abs_error(a, b):
+    return float(np.abs(np.asarray(a, dtype=np.int16) - np.asarray(b, dtype=np.int16)).mean())
+
+
+# The bound stated in fastload.vision.decode: mean absolute error under 1 level
+# (of 255) between reduced-size and full decoding, for smooth images (typically ~0.1).
+DRAFT_MEAN_ERROR_BOUND = 1.0
+
+
+def test_resize_decodes_at_reduced_size_within_error_bound(big_jpeg_folder, draft_spy):
+    resize = T.Resize(200)
+    ds = ImageFolder(big_jpeg_folder, transform=T.Compose([resize, T.ToArray()]))
+    for index, (path, _) in enumerate(ds.samples):
+        drafted = ds[index][0]
+        full = T.ToArray()(resize(pil_loader(path)))
+        assert drafted.shape == full.shape
+        assert _mean_abs_error(drafted, full) < DRAFT_MEAN_ERROR_BOUND
+    # 1500/200 -> 4, 1600/200 -> 8 (short side 1600 -> 200 is exactly 8x), 901/200 -> 4
+    assert draft_spy == [4, 8, 4]
+
+
+def test_random_resized_crop_drafts_with_the_same_draws(big_jpeg_folder, draft_spy):
+    crop = T.RandomResizedCrop(224, scale=(0.3, 1.0))
+    pipeline = T.Compose([crop, T.RandomHorizontalFlip(), T.ToArray()])
+    ds = ImageFolder(big_jpeg_folder, transform=pipeline)
+    for batch in range(4):
+        for index, (path, _) in enumerate(ds.samples):
+            seed_transform_rng(11, batch * 10 + index)
+            drafted = ds[index][0]
+            seed_transform_rng(11, batch * 10 + index)
+            full = pipeline(pil_loader(path))
+            assert _mean_abs_error(drafted, full) < DRAFT_MEAN_ERROR_BOUND, (batch, index)
+    assert draft_spy and all(scale in (2, 4) for scale in draft_spy)
+
+
+def test_no_draft_when_the_box_is_too_small_or_filter_is_nearest(big_jpeg_folder, draft_spy):
+    for transform in (T.RandomResizedCrop(1000, scale=(0.08, 0.1)),
+                      T.Resize(200, interpolation=T.InterpolationMode.NEAREST)):
+        ds = ImageFolder(big_jpeg_folder, transform=transform)
+        for index, (path, _) in enumerate(ds.samples):
+            seed_transform_rng(3, index)
+            planned = ds[index][0]
+            seed_transform_rng(3, index)
+            assert np.array_equal(np.asarray(planned), np.asarray(transform(pil_loader(path))))
+    assert draft_spy == []
+
+
+def test_planned_path_is_exact_for_non_jpeg(tmp_path, draft_spy):
+    root = str(tmp_path)
+    os.makedirs(f"{root}/a")
+    smooth_photo(900, 700).save(f"{root}/a/big.png")
+    pipeline = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.ToArray()])
+    ds = ImageFolder(root, transform=pipeline)
+    for batch in range(5):
+        seed_transform_rng(5, batch)
+        planned = ds[0][0]
+        seed_transform_rng(5, batch)
+        assert np.array_equal(planned, pipeline(pil_loader(f"{root}/a/big.png")))
+    assert draft_spy == []
+
+
+def test_seeded_transforms_are_deterministic(big_jpeg_folder):
+    pipeline = T.Compose([T.RandomResizedCrop(96), T.RandomHorizontalFlip(), T.ToArray()])
+    ds = ImageFolder(big_jpeg_folder, transform=pipeline)
+    seed_transform_rng(42, 7)
+    first = [ds[i][0] for i in range(len(ds))]
+    seed_transform_rng(42, 7)
+    again = [ds[i][0] for i in range(len(ds))]
+    seed_transform_rng(42, 8)
+    other = [ds[i][0] for i in range(len(ds))]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+
+
+def test_grayscale_and_cmyk_jpegs_draft_to_rgb(tmp_path, draft_spy):
+    root = str(tmp_path)
+    os.makedirs(f"{root}/a")
+    photo = smooth_photo(1600, 1200)
+    photo.convert("L").save(f"{root}/a/gray.jpg")
+    photo.convert("CMYK").save(f"{root}/a/cmyk.jpg")
+    ds = ImageFolder(root, transform=T.Compose([T.Resize(150), T.ToArray()]))
+    for index, (path, _) in enumerate(ds.samples):
+        drafted = ds[index][0]
+        assert drafted.shape == (3, 150, 200)
+        full = T.ToArray()(T.Resize(150)(pil_loader(path)))
+        assert _mean_abs_error(drafted, full) < DRAFT_MEAN_ERROR_BOUND
+    assert draft_spy == [8, 8]
+
+
+def test_custom_loader_is_never_planned(big_jpeg_folder, draft_spy):
+    ds = ImageFolder(big_jpeg_folder, transform=T.Resize(100), loader=lambda p: pil_loader(p))
+    assert ds[0][0].size == (133, 100)
+    assert draft_spy == []
+
+
+def test_drafted_bytes_in_memory_match_file(tmp_path):
+    # A JPEG read through the planned path equals the same bytes decoded with Pillow directly.
+    buffer = io.BytesIO()
+    smooth_photo(320, 240).save(buffer, "JPEG")
+    write_bytes(tmp_path / "a" / "x.jpg", buffer.getvalue())
+    ds = ImageFolder(str(tmp_path), transform=T.Resize(240))  # same size: identity, full decode
+    assert np.array_equal(np.asarray(ds[0][0]),
+                          np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")))
