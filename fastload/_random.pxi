@@ -227,14 +227,16 @@ cdef int _identity_shuffle_bucketed(int64_t *out, int64_t n, Xoshiro256 *rng) no
     cdef int b = _bucket_log2(n)
     cdef int64_t nb = (<int64_t>1) << b
     cdef int shift = 16 - b
-    cdef int64_t *cursor = <int64_t *>calloc(nb + 1, sizeof(int64_t))
+    cdef int64_t *cursor = <int64_t *>calloc(nb, sizeof(int64_t))
     if cursor == NULL:
         return -1
     cdef Xoshiro256 replay = rng[0]
     cdef int64_t i, k, start, total
+    cdef uint64_t j
     cdef uint64_t word
-    # Pass 1: bucket sizes.  Each draw gives four 16-bit bucket slices,
-    # high slice first; a partial last draw uses its leading slices.
+    # Pass 1: bucket sizes.  Each draw gives four 16-bit slices, high slice
+    # first, and a bucket is the top b bits of a slice (uniform, as 2**b
+    # divides 2**16); a partial last draw uses its leading slices.
     i = 0
     while i < n:
         word = _rng_next(rng)
@@ -249,7 +251,6 @@ cdef int _identity_shuffle_bucketed(int64_t *out, int64_t n, Xoshiro256 *rng) no
         start = cursor[k]
         cursor[k] = total
         total += start
-    cursor[nb] = n
     # Pass 2: replay the same draws and place each element.
     i = 0
     while i < n:

@@ -349,3 +349,139 @@ def plot_scaling(points: dict[str, dict[int, float]], limit_per_worker: float, p
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+# -- the command line ---------------------------------------------------------
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    import argparse
+
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--size must look like 500x375 (width x height), got {text!r}")
+    if width < 1 or height < 1:
+        raise argparse.ArgumentTypeError(f"--size must be positive, got {text!r}")
+    return width, height
+
+
+def _parse_worker_list(text: str) -> list[int]:
+    import argparse
+
+    try:
+        counts = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--plot-workers must be comma-separated ints, got {text!r}")
+    if not counts or counts[0] < 0:
+        raise argparse.ArgumentTypeError(f"--plot-workers must be non-negative ints, got {text!r}")
+    return counts
+
+
+def add_arguments(parser: Any) -> None:
+    """The options of ``python -m fastload bench``."""
+    cores = os.cpu_count() or 1
+    parser.add_argument("root", nargs="?", metavar="ROOT",
+                        help="an ImageFolder directory (ROOT/<class>/<image>); default: a cached "
+                             "synthetic one, see --images/--size/--classes")
+    synthetic = parser.add_argument_group("synthetic dataset (when ROOT is not given)")
+    synthetic.add_argument("--images", type=int, default=2000, help="number of images (default 2000)")
+    synthetic.add_argument("--size", type=_parse_size, default=(500, 375), metavar="WxH",
+                           help="image size (default 500x375; e.g. 4000x3000 for camera photos)")
+    synthetic.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
+    synthetic.add_argument("--cache-dir", default=None,
+                           help=f"where synthetic folders are kept (default {default_cache_dir()})")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    parser.add_argument("--workers", type=int, default=cores,
+                        help=f"num_workers (default: all cores, {cores})")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per measurement (default 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternating rounds with --compare (default 3; 1 without)")
+    parser.add_argument("--max-images", type=int, default=None,
+                        help="use a fixed random subset of this many images (for huge folders)")
+    parser.add_argument("--compare", choices=["torch"], default=None,
+                        help="also run torch.utils.data.DataLoader on the same files and pipeline")
+    parser.add_argument("--plot", metavar="FILE.png", default=None,
+                        help="draw images/s against worker count (see --plot-workers)")
+    parser.add_argument("--plot-workers", type=_parse_worker_list, default=None, metavar="0,1,2",
+                        help="worker counts for --plot (default 0 .. cores)")
+    parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _check_options(options: Any) -> None:
+    for name in ("images", "classes", "batch_size", "epochs"):
+        if getattr(options, name) < 1:
+            raise SystemExit(f"fastload bench: --{name.replace('_', '-')} must be at least 1, "
+                             f"got {getattr(options, name)}")
+    if options.workers < 0:
+        raise SystemExit(f"fastload bench: --workers must be >= 0, got {options.workers}")
+    if options.rounds is not None and options.rounds < 1:
+        raise SystemExit(f"fastload bench: --rounds must be at least 1, got {options.rounds}")
+    if options.max_images is not None and options.max_images < 1:
+        raise SystemExit(f"fastload bench: --max-images must be at least 1, got {options.max_images}")
+    if options.root is not None and not os.path.isdir(options.root):
+        raise SystemExit(f"fastload bench: ROOT {options.root!r} is not a directory")
+
+
+def _line(label: str, result: dict, limit: float | None = None) -> str:
+    text = (f"{label:<28}{result['images_per_s']:>9.1f} images/s  "
+            f"{result['input_mb_per_s']:>7.1f} MB/s read  {result['output_mb_per_s']:>7.1f} MB/s out")
+    if result.get("first_batch_s") is not None:
+        text += f"  first batch {result['first_batch_s']:.2f} s"
+    if limit:
+        text += f"  {100 * result['images_per_s'] / limit:.0f}% of limit"
+    return text
+
+
+def run(options: Any) -> int:
+    """Run the benchmark described by parsed ``options``; prints a report, returns an exit code."""
+    _check_options(options)
+    progress = not options.no_progress
+    if options.root is None:
+        root = synthetic_image_folder(options.images, options.size, options.classes,
+                                      cache_dir=options.cache_dir, progress=progress)
+        origin = f"synthetic, {options.size[0]}x{options.size[1]} JPEGs"
+    else:
+        root = options.root
+        origin = "given folder"
+    folder = ImageFolder(root)
+    count = len(folder) if options.max_images is None else min(options.max_images, len(folder))
+    rounds = options.rounds or (3 if options.compare else 1)
+    print(f"fastload bench: {root}\n  {origin}; {count} of {len(folder)} images in "
+          f"{len(folder.classes)} classes; pipeline RandomResizedCrop({CROP_SIZE}), "
+          f"RandomHorizontalFlip, to uint8 CHW; batch {options.batch_size}, "
+          f"{options.workers} workers, {options.epochs} epoch(s) x {rounds} round(s)", flush=True)
+
+    common = dict(max_images=options.max_images, seed=options.seed)
+    pipeline = measure_pipeline_limit(root, options.workers, progress=progress, **common)
+    limit = pipeline["limit_images_per_s"]
+    print(_line("pipeline, no loader, 1 proc", pipeline))
+    print(f"{'limit (x ' + str(max(options.workers, 1)) + ' workers)':<28}{limit:>9.1f} images/s")
+
+    frameworks = ["fastload"] + ([options.compare] if options.compare else [])
+    summary = compare_rounds(root, options.workers, options.batch_size, rounds=rounds,
+                             epochs=options.epochs, frameworks=frameworks, progress=progress, **common)
+    for name in frameworks:
+        result = summary[name]
+        print(_line(f"{name} ({options.workers} workers)", result, limit))
+        if rounds > 1:
+            print(f"{'':<28}rounds: " + ", ".join(f"{r:.1f}" for r in result["round_images_per_s"]))
+    if options.compare:
+        ratio = summary["fastload"]["images_per_s"] / summary[options.compare]["images_per_s"]
+        print(f"{'fastload / ' + options.compare:<28}{ratio:>9.2f}x")
+
+    if options.plot:
+        cores = os.cpu_count() or 1
+        counts = options.plot_workers or list(range(0, cores + 1))
+        points: dict[str, dict[int, float]] = {name: {} for name in frameworks}
+        for workers in counts:
+            result = compare_rounds(root, workers, options.batch_size, rounds=1, epochs=options.epochs,
+                                    frameworks=frameworks, progress=progress, **common)
+            for name in frameworks:
+                points[name][workers] = result[name]["images_per_s"]
+                print(f"  plot point: {name:<9} {workers} workers {points[name][workers]:>9.1f} images/s")
+        title = f"{os.path.basename(root.rstrip(os.sep))}: batch {options.batch_size}, {cores} cores"
+        plot_scaling(points, pipeline["images_per_s"], options.plot, title)
+        print(f"plot written to {options.plot}")
+    return 0

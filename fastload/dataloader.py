@@ -426,6 +426,7 @@ class _MultiProcessIter(_BaseIter):
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
         self._active = [True] * self._num_workers
+        self._rotation = 0
         self._next_to_yield = self._next_batch_no
         self._indices_exhausted = False
         for _ in range(self._num_workers * self._prefetch):
@@ -450,11 +451,16 @@ class _MultiProcessIter(_BaseIter):
     # -- tasks ---------------------------------------------------------------
 
     def _pick_worker(self) -> int | None:
+        """The least-loaded active worker, ties broken round-robin so none starves."""
         best = None
-        for worker in range(self._num_workers):
+        count = self._num_workers
+        for step in range(count):
+            worker = (self._rotation + step) % count
             if self._active[worker] and self._load[worker] < self._prefetch \
                     and (best is None or self._load[worker] < self._load[best]):
                 best = worker
+        if best is not None:
+            self._rotation = (best + 1) % count
         return best
 
     def _dispatch(self) -> None:
@@ -520,12 +526,16 @@ class _MultiProcessIter(_BaseIter):
                 self._ring.release(slot_id)
                 if kind == "end":  # this worker's IterableDataset replica is exhausted
                     self._active[worker] = False
+                    self._dispatch()  # keep the other workers' share in flight
                     continue
                 self._dispatch()
                 payload.reraise()
             if not self._tasks:
-                self._end_epoch()
-                raise StopIteration
+                self._dispatch()  # e.g. workers left idle while an exhausted one was skipped
+                if not self._tasks:
+                    self._end_epoch()
+                    raise StopIteration
+                continue
             worker, reply = self._receive()
             del self._tasks[reply[1]]
             self._replies[reply[1]] = (worker, reply)

@@ -20,3 +20,16 @@ def torch():
             pytest.fail("torch is required here (FASTLOAD_REQUIRE_TORCH is set) but is not installed")
         pytest.skip("differential test needs torch==2.13.0: pip install -e '.[test]'")
     return _torch
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test if it leaves a new ``fl_`` shared-memory segment or a live child process.
+
+    Yields a ``tests.leakcheck.LeakCheck``; ``no_leaks.watch_pid(pid)`` also
+    counts segments of a subprocess's rings.  Processes get ~5 s to exit.
+    """
+    from leakcheck import LeakCheck
+
+    with LeakCheck(grace=5.0) as check:
+        yield check

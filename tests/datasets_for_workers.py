@@ -1,0 +1,107 @@
+"""Datasets and helpers the worker processes must import by name.
+
+spawn and forkserver workers unpickle the dataset, so its class has to live
+in an importable module (not in a test function); the fault and ring tests
+share them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+from fastload import Dataset
+
+
+class SquareDataset(Dataset):
+    """Sample ``i`` is ``(uint8 image filled with i % 251, i)``."""
+
+    def __init__(self, n: int = 64, shape: tuple = (3, 8, 8)) -> None:
+        self.n = n
+        self.shape = shape
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return np.full(self.shape, i % 251, dtype=np.uint8), i
+
+
+class WorkerIdDataset(SquareDataset):
+    """Also returns which worker made the sample, and the numpy RNG's first draw there."""
+
+    def __getitem__(self, i):
+        from fastload import get_worker_info
+
+        info = get_worker_info()
+        image, label = super().__getitem__(i)
+        return image, label, -1 if info is None else info.id
+
+
+class SlowDataset(SquareDataset):
+    def __init__(self, n: int = 64, delay: float = 0.2, shape: tuple = (4,)) -> None:
+        super().__init__(n, shape)
+        self.delay = delay
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+class GrowingDataset(Dataset):
+    """Samples grow with their batch: batch ``b`` holds float64 vectors of ``(b+1) * step`` items.
+
+    So later batches need bigger slots than earlier ones (the ring must regrow).
+    """
+
+    def __init__(self, n: int, batch_size: int, step: int = 512) -> None:
+        self.n = n
+        self.batch_size = batch_size
+        self.step = step
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        length = (i // self.batch_size + 1) * self.step
+        return np.arange(length, dtype=np.float64) + i, f"sample-{i}"
+
+
+class FaultyDataset(SquareDataset):
+    """``SquareDataset`` that misbehaves on index ``bad``.
+
+    ``mode``: "raise" raises ``error_type(*error_args)``; "sigkill" kills its
+    own process; "exit" calls ``os._exit(3)``.
+    """
+
+    def __init__(self, n: int, bad: int, mode: str = "raise", error_type: type = ValueError,
+                 error_args: tuple = ("bad sample",)) -> None:
+        super().__init__(n, (4,))
+        self.bad = bad
+        self.mode = mode
+        self.error_type = error_type
+        self.error_args = error_args
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            if self.mode == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(10)
+            elif self.mode == "exit":
+                os._exit(3)
+            else:
+                raise self.error_type(*self.error_args)
+        return super().__getitem__(i)
+
+
+def record_init(worker_id: int) -> None:
+    """A picklable worker_init_fn (spawn/forkserver) that leaves a mark get_worker_info can see."""
+    import fastload
+
+    info = fastload.get_worker_info()
+    assert info is not None and info.id == worker_id

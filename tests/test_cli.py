@@ -1,0 +1,139 @@
+"""``python -m fastload bench`` end to end, and the synthetic dataset it generates."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+import fastload.bench as bench
+from fastload.vision import ImageFolder
+from fastload.vision.synthetic import write_image_folder
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
+    return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    write_image_folder(root, 10, (64, 48), classes=4, seed=3)
+    return str(root)
+
+
+def rates(output: str, label: str) -> list[float]:
+    return [float(m) for m in re.findall(rf"^{re.escape(label)}.*?([\d.]+) images/s", output, re.M)]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_bench_runs_on_a_folder(tiny_folder, workers):
+    done = run_cli("bench", tiny_folder, "--epochs", "1", "--workers", workers, "--batch-size", "8",
+                   "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "40 of 40 images in 4 classes" in done.stdout
+    assert rates(done.stdout, "pipeline, no loader")[0] > 0
+    assert rates(done.stdout, f"fastload ({workers} workers)")[0] > 0
+    assert "MB/s read" in done.stdout
+
+
+def test_bench_without_root_generates_and_caches_a_synthetic_folder(tmp_path):
+    args = ("bench", "--images", "12", "--size", "48x32", "--classes", "3", "--workers", "0",
+            "--batch-size", "4", "--no-progress")
+    first = run_cli(*args, FASTLOAD_CACHE=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert "synthetic, 48x32 JPEGs; 12 of 12 images in 3 classes" in first.stdout
+    (folder,) = os.listdir(tmp_path)
+    assert folder.startswith("synthetic-") and str(tmp_path / folder) in first.stdout
+    again = run_cli(*args, FASTLOAD_CACHE=str(tmp_path))
+    assert again.returncode == 0 and os.listdir(tmp_path) == [folder]
+
+
+def test_bench_compares_with_torch_and_plots(tiny_folder, tmp_path, torch):
+    plot = tmp_path / "scaling.png"
+    done = run_cli("bench", tiny_folder, "--workers", "1", "--batch-size", "8", "--compare", "torch",
+                   "--rounds", "2", "--plot", str(plot), "--plot-workers", "0,1", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert rates(done.stdout, "torch (1 workers)")[0] > 0
+    assert re.search(r"^fastload / torch\s+[\d.]+x$", done.stdout, re.M)
+    assert len(re.findall(r"plot point: (fastload|torch)", done.stdout)) == 4
+    with Image.open(plot) as img:
+        assert img.format == "PNG" and img.width > 300
+
+
+def test_bench_progress_bar_goes_to_stderr(tiny_folder):
+    done = run_cli("bench", tiny_folder, "--workers", "0", "--batch-size", "8")
+    assert done.returncode == 0, done.stderr
+    assert "img" in done.stderr and "images/s" not in done.stderr
+
+
+def test_bench_rejects_bad_arguments(tmp_path):
+    missing = run_cli("bench", str(tmp_path / "nowhere"), "--no-progress")
+    assert missing.returncode != 0 and "nowhere" in missing.stderr and "not a directory" in missing.stderr
+    bad_size = run_cli("bench", "--size", "big", "--no-progress")
+    assert bad_size.returncode == 2 and "500x375" in bad_size.stderr
+    bad_batch = run_cli("bench", str(tmp_path), "--batch-size", "0", "--no-progress")
+    assert bad_batch.returncode != 0 and "--batch-size" in bad_batch.stderr
+
+
+def test_synthetic_folder_has_requested_count_classes_and_size(tmp_path):
+    root = bench.synthetic_image_folder(10, (40, 30), 3, cache_dir=str(tmp_path))
+    ds = ImageFolder(root)
+    assert len(ds) == 10
+    assert ds.classes == ["class_00", "class_01", "class_02"]
+    assert [list(ds.targets).count(k) for k in range(3)] == [4, 3, 3]  # extras to the first classes
+    for path, _ in ds.samples:
+        with Image.open(path) as img:
+            assert img.format == "JPEG" and img.size == (40, 30)
+    assert os.listdir(tmp_path) == [os.path.basename(root)]  # no temporary build left behind
+
+
+def test_synthetic_folder_is_cached_and_reused(tmp_path, monkeypatch):
+    first = bench.synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path))
+    stamp = os.stat(os.path.join(first, "class_00", "img_00000.jpg")).st_mtime_ns
+
+    def must_not_generate(*args, **kwargs):
+        raise AssertionError("the cached folder should have been reused")
+
+    monkeypatch.setattr(bench, "write_image_folder", must_not_generate)
+    assert bench.synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path)) == first
+    assert os.stat(os.path.join(first, "class_00", "img_00000.jpg")).st_mtime_ns == stamp
+    # Different parameters are a different folder.
+    monkeypatch.undo()
+    other = bench.synthetic_image_folder(6, (20, 10), 2, cache_dir=str(tmp_path))
+    assert other != first and len(ImageFolder(other)) == 6
+
+
+def test_synthetic_generation_is_deterministic_across_worker_counts(tmp_path):
+    one = write_image_folder(tmp_path / "one", [20, 3], (24, 16), seed=5, workers=1)
+    two = write_image_folder(tmp_path / "two", [20, 3], (24, 16), seed=5, workers=2)
+    assert [os.path.relpath(p, tmp_path / "one") for p in one] == \
+        [os.path.relpath(p, tmp_path / "two") for p in two]
+    for a, b in zip(one, two):
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            assert fa.read() == fb.read()
+
+
+def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bench, "write_image_folder", explode)
+    with pytest.raises(OSError, match="disk full"):
+        bench.synthetic_image_folder(4, (8, 8), 2, cache_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_measure_functions_return_rates(tiny_folder):
+    limit = bench.measure_pipeline_limit(tiny_folder, workers=2)
+    assert limit["images"] == 40 and limit["limit_images_per_s"] == pytest.approx(2 * limit["images_per_s"])
+    result = bench.measure_fastload(tiny_folder, workers=0, batch_size=16, max_images=20)
+    assert result["images"] == 20 and result["images_per_s"] > 0 and result["input_mb_per_s"] > 0

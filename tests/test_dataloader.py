@@ -1,0 +1,408 @@
+"""DataLoader in one process: torch's arguments, validation, lengths and batches."""
+
+import collections
+import warnings
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload.dataloader import DataLoader
+
+
+def assert_same_batch(ours, theirs, path="batch"):
+    """Structure, types, dtypes and values of a fastload batch equal torch's."""
+    import torch
+
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, np.ndarray), f"{path}: {type(ours)}"
+        expected = theirs.numpy()
+        assert ours.dtype == expected.dtype, f"{path}: {ours.dtype} != {expected.dtype}"
+        assert ours.shape == expected.shape, f"{path}: {ours.shape} != {expected.shape}"
+        np.testing.assert_array_equal(ours, expected, err_msg=path)
+        return
+    assert type(ours) is type(theirs), f"{path}: {type(ours)} != {type(theirs)}"
+    if isinstance(theirs, dict):
+        assert list(ours) == list(theirs), path
+        for key in theirs:
+            assert_same_batch(ours[key], theirs[key], f"{path}[{key!r}]")
+    elif isinstance(theirs, (list, tuple)):
+        assert len(ours) == len(theirs), path
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same_batch(a, b, f"{path}[{i}]")
+    else:
+        assert ours == theirs, path
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class NestedDataset(fl.Dataset):
+    """Samples with every kind of leaf default_collate handles."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {
+            "image": np.full((3, 4, 5), i, dtype=np.uint8),
+            "label": i % 7,
+            "weight": i / 10,
+            "flag": i % 2 == 0,
+            "name": f"sample-{i}",
+            "pair": (np.float32(i), [i, -i]),
+            "point": Point(np.arange(3, dtype=np.int16) + i, i * 1.5),
+        }
+
+
+def torch_twin(torch, dataset):
+    class Twin(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(dataset)
+
+        def __getitem__(self, i):
+            return dataset[i]
+
+    return Twin()
+
+
+@pytest.mark.parametrize("batch_size,drop_last", [(1, False), (5, False), (5, True), (37, False),
+                                                  (64, False), (64, True)])
+def test_sequential_batches_match_torch(torch, batch_size, drop_last):
+    ds = NestedDataset()
+    ours = list(DataLoader(ds, batch_size=batch_size, drop_last=drop_last))
+    theirs = list(torch.utils.data.DataLoader(torch_twin(torch, ds), batch_size=batch_size,
+                                              drop_last=drop_last))
+    assert len(ours) == len(theirs)
+    assert len(DataLoader(ds, batch_size=batch_size, drop_last=drop_last)) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert_same_batch(a, b)
+
+
+def test_batch_size_none_uses_default_convert(torch):
+    ds = NestedDataset(5)
+    ours = list(DataLoader(ds, batch_size=None))
+    theirs = list(torch.utils.data.DataLoader(torch_twin(torch, ds), batch_size=None))
+    assert len(ours) == len(theirs) == 5
+    for a, b in zip(ours, theirs):
+        assert list(a) == list(b)
+        assert a["label"] == b["label"] and a["name"] == b["name"]
+        np.testing.assert_array_equal(a["image"], b["image"].numpy())
+        assert isinstance(a["pair"], list) and isinstance(b["pair"], list)
+
+
+def test_custom_collate_fn_and_batch_sampler(torch):
+    ds = NestedDataset(20)
+    batches = [[0, 3], [5, 1, 2], [19]]
+
+    def collate(samples):
+        return [s["label"] for s in samples]
+
+    ours = list(DataLoader(ds, batch_sampler=batches, collate_fn=collate))
+    theirs = list(torch.utils.data.DataLoader(torch_twin(torch, ds), batch_sampler=batches,
+                                              collate_fn=collate))
+    assert ours == theirs == [[0, 3], [5, 1, 2], [5]]
+
+
+def test_array_dataset_matches_tensor_dataset(torch):
+    x = np.random.default_rng(0).integers(0, 255, (103, 3, 8, 8), dtype=np.uint8)
+    y = np.arange(103)
+    w = np.linspace(0, 1, 103, dtype=np.float32)
+    ours = list(DataLoader(fl.ArrayDataset(x, y, w), batch_size=16))
+    theirs = list(torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(w)),
+        batch_size=16))
+    assert len(ours) == len(theirs) == 7
+    for a, b in zip(ours, theirs):
+        assert_same_batch(a, b)
+
+
+def test_array_dataset_fast_path_equals_per_sample_path():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(500, 6)).astype(np.float32)
+    y = rng.integers(0, 5, 500)
+    arrays = fl.ArrayDataset(x, y)
+    subset = fl.Subset(fl.Subset(arrays, np.arange(499, -1, -1)), list(range(0, 400, 3)))
+
+    class PerSample(fl.Dataset):  # same items, but not recognised by the fast path
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getitem__(self, i):
+            return self.inner[i]
+
+    for dataset in (arrays, subset):
+        fast = list(DataLoader(dataset, batch_size=32, shuffle=True, generator=3))
+        slow = list(DataLoader(PerSample(dataset), batch_size=32, shuffle=True, generator=3))
+        assert len(fast) == len(slow)
+        for a, b in zip(fast, slow):
+            assert_batches_equal(a, b)
+
+
+def assert_batches_equal(a, b):
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            assert_batches_equal(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_batches_equal(x, y)
+    else:
+        assert a == b
+
+
+def test_seeded_shuffle_is_reproducible_and_differs_by_epoch_and_seed():
+    ds = fl.ArrayDataset(np.arange(100))
+    loader = DataLoader(ds, batch_size=10, shuffle=True, generator=7)
+    epoch1 = np.concatenate([b[0] for b in loader])
+    epoch2 = np.concatenate([b[0] for b in loader])
+    again = np.concatenate([b[0] for b in DataLoader(ds, batch_size=10, shuffle=True, generator=7)])
+    other = np.concatenate([b[0] for b in DataLoader(ds, batch_size=10, shuffle=True, generator=8)])
+    assert sorted(epoch1.tolist()) == list(range(100))
+    np.testing.assert_array_equal(epoch1, again)
+    assert not np.array_equal(epoch1, epoch2)
+    assert not np.array_equal(epoch1, other)
+
+
+def test_numpy_generator_is_accepted_and_advanced():
+    ds = fl.ArrayDataset(np.arange(50))
+    gen = np.random.default_rng(5)
+    first = np.concatenate([b[0] for b in DataLoader(ds, batch_size=8, shuffle=True, generator=gen)])
+    second = np.concatenate([b[0] for b in DataLoader(ds, batch_size=8, shuffle=True, generator=gen)])
+    replay = np.concatenate([b[0] for b in DataLoader(ds, batch_size=8, shuffle=True,
+                                                      generator=np.random.default_rng(5))])
+    np.testing.assert_array_equal(first, replay)
+    assert not np.array_equal(first, second)
+
+
+class Stream(fl.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+def test_iterable_dataset_batches_and_len(torch):
+    class TorchStream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(23))
+
+        def __len__(self):
+            return 23
+
+    for drop_last in (False, True):
+        ours = [b.tolist() for b in DataLoader(Stream(23), batch_size=5, drop_last=drop_last)]
+        theirs = [b.tolist() for b in torch.utils.data.DataLoader(TorchStream(), batch_size=5,
+                                                                  drop_last=drop_last)]
+        assert ours == theirs
+        assert len(DataLoader(Stream(23), batch_size=5, drop_last=drop_last)) == \
+            len(torch.utils.data.DataLoader(TorchStream(), batch_size=5, drop_last=drop_last))
+    assert list(DataLoader(Stream(3), batch_size=None)) == [0, 1, 2]
+
+
+def test_iterable_len_warning_when_more_samples_than_len():
+    class Liar(Stream):
+        def __len__(self):
+            return 2
+
+    loader = DataLoader(Liar(5), batch_size=None)
+    assert len(loader) == 2
+    with pytest.warns(UserWarning, match="was reported to be 2"):
+        list(loader)
+
+
+def _validation_cases():
+    ds = NestedDataset(10)
+    return [
+        ("negative workers", dict(num_workers=-1)),
+        ("negative timeout", dict(timeout=-1)),
+        ("prefetch without workers", dict(prefetch_factor=2)),
+        ("negative prefetch", dict(num_workers=1, prefetch_factor=-1)),
+        ("persistent without workers", dict(persistent_workers=True)),
+        ("sampler with shuffle", dict(sampler=range(10), shuffle=True)),
+        ("batch_sampler with batch_size", dict(batch_sampler=[[0]], batch_size=2)),
+        ("batch_sampler with shuffle", dict(batch_sampler=[[0]], shuffle=True)),
+        ("batch_sampler with sampler", dict(batch_sampler=[[0]], sampler=range(10))),
+        ("batch_sampler with drop_last", dict(batch_sampler=[[0]], drop_last=True)),
+        ("batch_size None with drop_last", dict(batch_size=None, drop_last=True)),
+        ("zero batch_size", dict(batch_size=0)),
+        ("bool batch_size", dict(batch_size=True)),
+        ("context without workers", dict(multiprocessing_context="spawn")),
+        ("bad context name", dict(num_workers=1, multiprocessing_context="nope")),
+        ("bad context type", dict(num_workers=1, multiprocessing_context=3)),
+    ], ds
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _validation_cases()[0]])
+def test_validation_errors_match_torch(torch, case):
+    cases, ds = _validation_cases()
+    kwargs = dict(cases)[case]
+    with pytest.raises(Exception) as theirs:
+        torch.utils.data.DataLoader(torch_twin(torch, ds), **kwargs)
+    with pytest.raises(Exception) as ours:
+        DataLoader(ds, **kwargs)
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("kwargs", [dict(shuffle=True), dict(sampler=[0]), dict(batch_sampler=[[0]])])
+def test_iterable_dataset_rejects_samplers_like_torch(torch, kwargs):
+    class TorchStream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(ValueError) as theirs:
+        torch.utils.data.DataLoader(TorchStream(), **kwargs)
+    with pytest.raises(ValueError) as ours:
+        DataLoader(Stream(3), **kwargs)
+    assert str(ours.value).split(", but got")[0] == str(theirs.value).split(", but got")[0]
+
+
+@pytest.mark.parametrize("attribute", ["batch_size", "batch_sampler", "sampler", "drop_last",
+                                       "dataset", "persistent_workers"])
+def test_setattr_guard(torch, attribute):
+    loader = DataLoader(NestedDataset(4))
+    theirs = torch.utils.data.DataLoader(torch_twin(torch, NestedDataset(4)))
+    with pytest.raises(ValueError) as expected:
+        setattr(theirs, attribute, None)
+    with pytest.raises(ValueError) as got:
+        setattr(loader, attribute, None)
+    assert str(got.value) == str(expected.value)
+    loader.timeout = 3  # unguarded attributes stay settable
+    assert loader.timeout == 3
+
+
+def test_output_validation_and_torch_output(torch):
+    with pytest.raises(ValueError, match="output"):
+        DataLoader(NestedDataset(2), output="jax")
+    batch = next(iter(DataLoader(NestedDataset(4), batch_size=2, output="torch")))
+    assert isinstance(batch["image"], torch.Tensor) and batch["image"].dtype == torch.uint8
+    assert batch["label"].tolist() == [0, 1]
+    assert batch["name"] == ["sample-0", "sample-1"]
+
+
+def test_pin_memory_warns_and_changes_nothing():
+    ds = fl.ArrayDataset(np.arange(6))
+    with pytest.warns(UserWarning, match="pin_memory"):
+        batches = list(DataLoader(ds, batch_size=3, pin_memory=True))
+    assert [b[0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_too_many_workers_warns(torch):
+    import os
+
+    with pytest.warns(UserWarning, match="worker processes in total"):
+        DataLoader(NestedDataset(2), num_workers=(os.cpu_count() or 1) + 5)
+
+
+def test_getitems_is_used_when_present():
+    calls = []
+
+    class Batched(fl.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            raise AssertionError("__getitems__ should be used")
+
+        def __getitems__(self, indices):
+            calls.append(list(indices))
+            return [i * 2 for i in indices]
+
+    batches = [b.tolist() for b in DataLoader(Batched(), batch_size=4)]
+    assert batches == [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
+    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(type(i) is int for c in calls for i in c)
+
+
+def test_dataset_receives_python_ints():
+    seen = []
+
+    class Recorder(fl.Dataset):
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, i):
+            seen.append(type(i))
+            return i
+
+    list(DataLoader(Recorder(), batch_size=4, shuffle=True, generator=0))
+    assert set(seen) == {int}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_dict_resumes_at_next_unseen_batch(num_workers):
+    ds = fl.ArrayDataset(np.arange(200))
+    kwargs = dict(batch_size=16, shuffle=True, generator=11, num_workers=num_workers)
+    reference = DataLoader(ds, **kwargs)
+    full = [b[0].tolist() for b in reference]
+    second_epoch = [b[0].tolist() for b in reference]
+
+    loader = DataLoader(ds, **kwargs)
+    iterator = iter(loader)
+    seen = [next(iterator)[0].tolist() for _ in range(5)]
+    state = loader.state_dict()
+    del iterator
+
+    resumed = DataLoader(ds, **kwargs)
+    resumed.load_state_dict(state)
+    rest = [b[0].tolist() for b in resumed]
+    assert seen + rest == full
+    # The epoch after the resumed one continues the original run's stream.
+    assert [b[0].tolist() for b in resumed] == second_epoch
+
+
+def test_state_dict_before_and_after_epochs():
+    ds = fl.ArrayDataset(np.arange(30))
+    loader = DataLoader(ds, batch_size=7, shuffle=True, generator=2)
+    fresh_state = loader.state_dict()
+    first = [b[0].tolist() for b in loader]
+    after_epoch = loader.state_dict()
+    second = [b[0].tolist() for b in loader]
+
+    replay = DataLoader(ds, batch_size=7, shuffle=True, generator=99)
+    replay.load_state_dict(fresh_state)
+    assert [b[0].tolist() for b in replay] == first
+    replay.load_state_dict(after_epoch)
+    assert [b[0].tolist() for b in replay] == second
+
+
+def test_state_dict_rejects_foreign_state():
+    loader = DataLoader(fl.ArrayDataset(np.arange(4)))
+    with pytest.raises(ValueError, match="state_dict"):
+        loader.load_state_dict({"epoch": 3})
+    with pytest.raises(TypeError, match="map-style"):
+        DataLoader(Stream(3)).state_dict()
+
+
+def test_transform_rng_is_seeded_per_batch_regardless_of_workers():
+    from fastload.rng import transform_rng
+
+    class Noisy(fl.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return transform_rng().integers(0, 1 << 30)
+
+    def run(num_workers):
+        return [b.tolist() for b in DataLoader(Noisy(), batch_size=4, shuffle=True, generator=5,
+                                               num_workers=num_workers)]
+
+    assert run(0) == run(2)
+    assert run(0) != [b.tolist() for b in DataLoader(Noisy(), batch_size=4, shuffle=True,
+                                                     generator=6)]

@@ -1,0 +1,209 @@
+"""Worker processes: same batches for any num_workers, seeding, worker info, epochs."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload import DataLoader, get_worker_info
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class DictSamples(fl.Dataset):
+    def __init__(self, n=150):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": np.full(16, i, dtype=np.float32), "y": i, "name": f"item{i}",
+                "nested": [np.int8(i % 100), (i * 0.5,)]}
+
+
+def flatten(batch):
+    """A comparable, order-preserving form of any batch."""
+    if isinstance(batch, np.ndarray):
+        return ("array", batch.dtype.str, batch.shape, batch.tobytes())
+    if isinstance(batch, dict):
+        return ("dict", tuple((k, flatten(v)) for k, v in batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, tuple(flatten(v) for v in batch))
+    return ("value", batch)
+
+
+def epoch(loader):
+    return [flatten(b) for b in loader]
+
+
+DATASETS = {
+    "dict": lambda: DictSamples(),
+    "array": lambda: fl.ArrayDataset(np.arange(150 * 12, dtype=np.int32).reshape(150, 12),
+                                     np.arange(150) % 3),
+    "strings": lambda: [f"s{i}" for i in range(150)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_same_batches_for_any_num_workers(name, shuffle):
+    results = {}
+    for num_workers in (0, 2, 3):
+        loader = DataLoader(DATASETS[name](), batch_size=16, shuffle=shuffle, generator=42,
+                            num_workers=num_workers)
+        results[num_workers] = epoch(loader)
+    assert len(results[0]) == 10
+    assert results[0] == results[2] == results[3]
+
+
+def test_same_batches_with_custom_collate_and_without_batching():
+    def collate(samples):
+        return {"sum": np.stack([s["x"] for s in samples]).sum(axis=0), "names": tuple(
+            s["name"] for s in samples), "first": samples[0]["y"]}
+
+    for kwargs in (dict(batch_size=8, collate_fn=collate), dict(batch_size=None)):
+        single = epoch(DataLoader(DictSamples(40), **kwargs))
+        multi = epoch(DataLoader(DictSamples(40), num_workers=2, **kwargs))
+        assert single == multi and len(single) > 0
+
+
+def test_in_order_false_yields_every_batch_once():
+    loader = DataLoader(fl.ArrayDataset(np.arange(300)), batch_size=10, num_workers=2,
+                        in_order=False)
+    values = np.concatenate([b[0] for b in loader])
+    assert sorted(values.tolist()) == list(range(300))
+
+
+def test_persistent_workers_keep_pids_and_match_non_persistent():
+    kwargs = dict(batch_size=16, shuffle=True, generator=9, num_workers=2)
+    persistent = DataLoader(DictSamples(), persistent_workers=True, **kwargs)
+    plain = DataLoader(DictSamples(), **kwargs)
+    pids = None
+    for _ in range(3):
+        iterator = iter(persistent)
+        got = [flatten(b) for b in iterator]
+        assert got == epoch(plain)
+        if pids is None:
+            pids = list(iterator.worker_pids)
+        assert iterator.worker_pids == pids
+    assert all(psutil_alive(pid) for pid in pids)
+    persistent._iterator.shutdown()
+
+
+def test_persistent_workers_survive_an_abandoned_epoch():
+    loader = DataLoader(fl.ArrayDataset(np.arange(100)), batch_size=5, num_workers=2,
+                        persistent_workers=True)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    assert [b[0].tolist() for b in loader] == [list(range(i, i + 5)) for i in range(0, 100, 5)]
+    loader._iterator.shutdown()
+
+
+def psutil_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+class WorkerReport(fl.Dataset):
+    """Each sample reports which worker made it, and that worker's seeds."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return {"id": info.id, "num_workers": info.num_workers, "seed": info.seed,
+                "py": random.random(), "np": float(np.random.random()),
+                "init": getattr(info.dataset, "initialised_by", -1)}
+
+
+def mark_initialised(worker_id):
+    info = get_worker_info()
+    assert info is not None and info.id == worker_id
+    info.dataset.initialised_by = worker_id
+
+
+def test_worker_info_seeds_and_worker_init_fn():
+    assert get_worker_info() is None
+    loader = DataLoader(WorkerReport(), batch_size=None, num_workers=3, generator=123,
+                        worker_init_fn=mark_initialised)
+    samples = list(loader)
+    ids = {s["id"] for s in samples}
+    assert ids <= {0, 1, 2} and len(ids) >= 2
+    seeds = {s["id"]: s["seed"] for s in samples}
+    base = seeds[min(seeds)] - min(seeds)
+    assert all(seed == base + wid for wid, seed in seeds.items())
+    assert all(s["num_workers"] == 3 and s["init"] == s["id"] for s in samples)
+    # Worker i seeded Python's and numpy's global RNGs with base_seed + i: its
+    # first sample drew the first value of those streams.
+    firsts = {}
+    for s in samples:
+        firsts.setdefault(s["id"], s)
+    for wid, s in firsts.items():
+        assert s["py"] == random.Random(base + wid).random()
+        assert s["np"] == np.random.RandomState((base + wid) % 2**32).random_sample()
+    # The same generator seed gives the same base seed.
+    again = list(DataLoader(WorkerReport(), batch_size=None, num_workers=3, generator=123,
+                            worker_init_fn=mark_initialised))
+    assert {s["id"]: s["seed"] for s in again} == seeds
+
+
+class ShardedStream(fl.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_iterable_dataset_sharded_by_worker_info_yields_each_sample_once(num_workers):
+    for batch_size in (None, 4):
+        loader = DataLoader(ShardedStream(101), batch_size=batch_size, num_workers=num_workers)
+        values = []
+        for batch in loader:
+            values.extend(np.atleast_1d(batch).tolist())
+        assert sorted(values) == list(range(101))
+
+
+def test_unsharded_iterable_dataset_is_duplicated_per_worker_as_torch():
+    loader = DataLoader(ShardedStreamUnsharded(10), batch_size=5, num_workers=2)
+    values = sorted(v for b in loader for v in b.tolist())
+    assert values == sorted(list(range(10)) * 2)
+
+
+class ShardedStreamUnsharded(fl.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def test_torch_output_from_workers(torch):
+    batch = next(iter(DataLoader(DictSamples(8), batch_size=4, num_workers=2, output="torch")))
+    assert isinstance(batch["x"], torch.Tensor) and batch["x"].shape == (4, 16)
+    assert batch["y"].tolist() == [0, 1, 2, 3]
+    assert batch["name"] == ["item0", "item1", "item2", "item3"]
+
+
+def test_batches_are_views_of_a_shared_slot():
+    from fastload.ring import SlotLease
+
+    batch = next(iter(DataLoader(DictSamples(8), batch_size=4, num_workers=2)))
+    base = batch["x"]
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, SlotLease)
+    assert np.shares_memory(np.asarray(base), batch["x"])
+    assert np.shares_memory(np.asarray(base), batch["y"])
