@@ -25,13 +25,15 @@ JPEGs, so the benchmark needs no dataset download.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -112,17 +114,31 @@ def standard_transform(size: int = CROP_SIZE) -> T.Compose:
     return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToArray()])
 
 
-def _sample_indices(count: int, max_images: int | None, seed: int) -> np.ndarray | None:
-    """A fixed random subset of ``max_images`` indices (None: use all)."""
+@functools.lru_cache(maxsize=4)
+def _scanned_folder(root: str) -> ImageFolder:
+    # Scanning a million-file folder takes seconds; every measurement of a run
+    # shares one scan (the sample table is immutable, so sharing is safe).
+    return ImageFolder(root)
+
+
+def _image_folder(root: str, transform: Any = None) -> ImageFolder:
+    """``ImageFolder(root, transform=transform)``, reusing an earlier scan of ``root``."""
+    folder = copy.copy(_scanned_folder(os.path.abspath(root)))
+    folder.transform = transform
+    return folder
+
+
+def _sample_indices(count: int, max_images: int | None) -> np.ndarray | None:
+    """The same random subset of ``max_images`` indices in every call (None: use all)."""
     if max_images is None or max_images >= count:
         return None
-    return np.sort(np.random.default_rng(seed).choice(count, size=max_images, replace=False))
+    return np.sort(np.random.default_rng(0).choice(count, size=max_images, replace=False))
 
 
-def _mean_file_bytes(dataset: ImageFolder, indices: np.ndarray | None, seed: int) -> float:
+def _mean_file_bytes(dataset: ImageFolder, indices: np.ndarray | None) -> float:
     """Mean compressed size of the benchmarked files (from up to 2000 of them)."""
     pool = np.arange(len(dataset)) if indices is None else indices
-    probe = np.random.default_rng(seed).choice(pool, size=min(2000, len(pool)), replace=False)
+    probe = np.random.default_rng(0).choice(pool, size=min(2000, len(pool)), replace=False)
     return float(np.mean([os.path.getsize(dataset.samples.path(int(i))) for i in probe]))
 
 
@@ -183,8 +199,8 @@ def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | Non
     """
     from .rng import seed_transform_rng
 
-    dataset = ImageFolder(root, transform=standard_transform())
-    indices = _sample_indices(len(dataset), max_images, seed)
+    dataset = _image_folder(root, standard_transform())
+    indices = _sample_indices(len(dataset), max_images)
     order = np.random.default_rng(seed).permutation(len(dataset) if indices is None else indices)
     bar = _progress_bar(len(order), "pipeline, no loader", progress)
     seed_transform_rng(seed, 0)
@@ -197,7 +213,7 @@ def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | Non
     if bar is not None:
         bar.close()
     result = _result("pipeline", 0, 1, len(order), seconds, None,
-                     _mean_file_bytes(dataset, indices, seed))
+                     _mean_file_bytes(dataset, indices))
     result["limit_images_per_s"] = result["images_per_s"] * max(workers, 1)
     return result
 
@@ -208,14 +224,14 @@ def measure_fastload(root: str, workers: int, batch_size: int = 64, *, epochs: i
     from .dataloader import DataLoader
     from .dataset import Subset
 
-    folder = ImageFolder(root, transform=standard_transform())
-    indices = _sample_indices(len(folder), max_images, seed)
+    folder = _image_folder(root, standard_transform())
+    indices = _sample_indices(len(folder), max_images)
     dataset = folder if indices is None else Subset(folder, indices)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                         generator=seed)
     images, seconds, first = _run_epochs(loader, epochs, f"fastload, {workers} workers", progress)
     return _result("fastload", workers, batch_size, images, seconds, first,
-                   _mean_file_bytes(folder, indices, seed))
+                   _mean_file_bytes(folder, indices))
 
 
 class TorchvisionStylePipeline:
@@ -283,8 +299,8 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
     import torch
     import torch.utils.data
 
-    folder = ImageFolder(root)  # only for the file list: torchvision's order, same files
-    indices = _sample_indices(len(folder), max_images, seed)
+    folder = _image_folder(root)  # only for the file list: torchvision's order, same files
+    indices = _sample_indices(len(folder), max_images)
     dataset: Any = TorchvisionStylePipeline(list(folder.samples), CROP_SIZE)
     if indices is not None:
         dataset = torch.utils.data.Subset(dataset, indices.tolist())
@@ -293,7 +309,7 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
                                          generator=torch.Generator().manual_seed(seed))
     images, seconds, first = _run_epochs(loader, epochs, f"torch, {workers} workers", progress)
     return _result("torch", workers, batch_size, images, seconds, first,
-                   _mean_file_bytes(folder, indices, seed))
+                   _mean_file_bytes(folder, indices))
 
 
 def compare_rounds(root: str, workers: int, batch_size: int = 64, *, rounds: int = 3,
@@ -445,7 +461,7 @@ def run(options: Any) -> int:
     else:
         root = options.root
         origin = "given folder"
-    folder = ImageFolder(root)
+    folder = _image_folder(root)
     count = len(folder) if options.max_images is None else min(options.max_images, len(folder))
     rounds = options.rounds or (3 if options.compare else 1)
     print(f"fastload bench: {root}\n  {origin}; {count} of {len(folder)} images in "
@@ -457,7 +473,8 @@ def run(options: Any) -> int:
     pipeline = measure_pipeline_limit(root, options.workers, progress=progress, **common)
     limit = pipeline["limit_images_per_s"]
     print(_line("pipeline, no loader, 1 proc", pipeline))
-    print(f"{'limit (x ' + str(max(options.workers, 1)) + ' workers)':<28}{limit:>9.1f} images/s")
+    processes = f"{options.workers} workers" if options.workers else "1 process"
+    print(f"{'limit (x ' + processes + ')':<28}{limit:>9.1f} images/s")
 
     frameworks = ["fastload"] + ([options.compare] if options.compare else [])
     summary = compare_rounds(root, options.workers, options.batch_size, rounds=rounds,
@@ -476,11 +493,13 @@ def run(options: Any) -> int:
         counts = options.plot_workers or list(range(0, cores + 1))
         points: dict[str, dict[int, float]] = {name: {} for name in frameworks}
         for workers in counts:
-            result = compare_rounds(root, workers, options.batch_size, rounds=1, epochs=options.epochs,
-                                    frameworks=frameworks, progress=progress, **common)
+            result = compare_rounds(root, workers, options.batch_size, rounds=rounds,
+                                    epochs=options.epochs, frameworks=frameworks, progress=progress,
+                                    **common)
             for name in frameworks:
                 points[name][workers] = result[name]["images_per_s"]
-                print(f"  plot point: {name:<9} {workers} workers {points[name][workers]:>9.1f} images/s")
+                print(f"  plot point: {name:<9} {workers} workers "
+                      f"{points[name][workers]:>9.1f} images/s")
         title = f"{os.path.basename(root.rstrip(os.sep))}: batch {options.batch_size}, {cores} cores"
         plot_scaling(points, pipeline["images_per_s"], options.plot, title)
         print(f"plot written to {options.plot}")

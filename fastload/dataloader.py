@@ -414,7 +414,8 @@ class _MultiProcessIter(_BaseIter):
         # its segments to this one tracker (a worker must never start its own:
         # it would unlink our segments when that worker exits).
         resource_tracker.ensure_running()
-        self._pool = WorkerPool(context, self._num_workers, payload, base_seed)
+        self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
+                                message_prefix=self._ring.prefix)
         _LIVE_ITERATORS.add(self)
         self._start_dispatch(base_seed)
 

@@ -1,28 +1,58 @@
 """The worker processes of one iterator: start, message, watch, stop.
 
-Tasks go to each worker on its own queue (a ``multiprocessing.Queue``, whose
-feeder thread means the main process never blocks on a full pipe); answers
-come back on one pipe per worker.  The main process waits on those pipes *and*
-on every worker's process sentinel at once, so a worker that dies wakes it
-immediately: no polling interval, and no wait that a dead worker can hang.
+Each worker has two pipes: tasks in, answers out.  The main process polls the
+answer pipes *and* every worker's process sentinel at once (one ``poll``
+object, registered once), so a worker that dies wakes it immediately: no
+polling interval, and no wait that a dead worker can hang.
+
+NOTE [ Why sending a task never blocks ]
+A worker has at most ``prefetch_factor`` unread tasks, each a few KB (a batch
+number, a slot and the batch's index array), so they fit in the pipe, which is
+enlarged to 1 MiB where the OS allows.  A task too large for that share of
+the pipe (a huge batch of indices) travels in a small shared-memory segment
+instead, and only its name goes through the pipe.  So the main process never
+waits on a worker that is itself waiting for the main process to read its
+answer.  (A ``multiprocessing.Queue`` would also never block, but its feeder
+thread costs a GIL hand-off per batch in the main process.)
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
+import select
 import signal
 import time
-from multiprocessing.connection import wait
 from typing import Any, Sequence
 
+import numpy as np
+
+from fastload.ring import Segment, unlink_name
 from fastload.worker import worker_loop
+
+try:
+    from fcntl import fcntl
+    _F_SETPIPE_SZ = 1031  # Linux
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None
 
 __all__ = ["WorkerPool", "pickle_for_workers"]
 
 # How long shutdown waits for workers to exit before terminating them.
 _JOIN_GRACE = 5.0
+_PIPE_BYTES = 1 << 20
+# Pipe capacity assumed when sizing tasks: Linux's default, unless enlarged.
+_DEFAULT_PIPE_BYTES = 1 << 16
+
+
+def _enlarge_pipe(conn: Any) -> int:
+    """Ask for a 1 MiB pipe buffer; return the capacity we can count on."""
+    if fcntl is None:
+        return _DEFAULT_PIPE_BYTES
+    try:
+        return fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        return _DEFAULT_PIPE_BYTES
 
 
 def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str) -> bytes:
@@ -70,29 +100,46 @@ class WorkerDied(RuntimeError):
 class WorkerPool:
     """``num_workers`` processes running ``worker_loop``."""
 
-    def __init__(self, context: Any, num_workers: int, payload: Any, base_seed: int) -> None:
+    def __init__(self, context: Any, num_workers: int, payload: Any, base_seed: int,
+                 prefetch: int, message_prefix: str) -> None:
         self.context = context
-        self._task_queues: list[Any] = []
-        self._conns: list[Any] = []
+        self._task_conns: list[Any] = []
+        self._result_conns: list[Any] = []
         self.processes: list[Any] = []
         self._closed = False
+        self._poller = select.poll()
+        self._worker_of_fd: dict[int, int] = {}
+        self._process_of_fd: dict[int, Any] = {}
+        self._message_prefix = message_prefix
+        self._message_names: list[str] = []
+        self._max_task_bytes = _DEFAULT_PIPE_BYTES
         parent_pid = os.getpid()
         try:
             for worker_id in range(num_workers):
-                task_queue = context.Queue()
-                reader, writer = context.Pipe(duplex=False)
+                task_reader, task_writer = context.Pipe(duplex=False)
+                result_reader, result_writer = context.Pipe(duplex=False)
+                capacity = min(_enlarge_pipe(task_writer), _enlarge_pipe(result_writer))
+                # Every unread task (at most `prefetch`, plus control messages)
+                # must fit at once; see NOTE [ Why sending a task never blocks ].
+                self._max_task_bytes = capacity // (prefetch + 2)
                 process = context.Process(
                     target=worker_loop,
-                    args=(worker_id, num_workers, payload, task_queue, writer, base_seed, parent_pid),
+                    args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
+                          parent_pid),
                     daemon=True,
                 )
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
                 process.start()
-                writer.close()  # only the worker writes; EOF then means it is gone
-                self._task_queues.append(task_queue)
-                self._conns.append(reader)
+                task_reader.close()  # the worker's ends: EOF then means the worker is gone
+                result_writer.close()
+                self._task_conns.append(task_writer)
+                self._result_conns.append(result_reader)
                 self.processes.append(process)
+                self._worker_of_fd[result_reader.fileno()] = worker_id
+                self._process_of_fd[process.sentinel] = process
+                self._poller.register(result_reader.fileno(), select.POLLIN)
+                self._poller.register(process.sentinel, select.POLLIN)
         except BaseException:
             self.shutdown()
             raise
@@ -101,12 +148,24 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
 
+    def _pack(self, message: Any) -> bytes:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) <= self._max_task_bytes:
+            return data
+        # Too big for the pipe's share: hand it over in shared memory.
+        name = f"{self._message_prefix}m{len(self._message_names)}"
+        segment = Segment(name, len(data), create=True)
+        segment.array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+        self._message_names.append(name)
+        return pickle.dumps(("indirect", name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
+
     def send(self, worker_id: int, message: Any) -> None:
-        self._task_queues[worker_id].put(message)
+        self._task_conns[worker_id].send_bytes(self._pack(message))
 
     def broadcast(self, message: Any) -> None:
-        for task_queue in self._task_queues:
-            task_queue.put(message)
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for conn in self._task_conns:
+            conn.send_bytes(data)
 
     def receive(self, timeout: float | None) -> tuple[int, Any] | None:
         """The next answer from any worker, or None when ``timeout`` passes.
@@ -116,41 +175,39 @@ class WorkerPool:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            conns = [c for c in self._conns if c is not None]
-            sentinels = [p.sentinel for p in self.processes]
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait(conns + sentinels, remaining)
-            if not ready:
-                return None
-            for worker_id, conn in enumerate(self._conns):
-                if conn is not None and conn in ready:
-                    try:
-                        return worker_id, conn.recv()
-                    except EOFError:
-                        self._conns[worker_id] = None  # the process sentinel will tell why
-                        conn.close()
-            for process in self.processes:
-                if process.sentinel in ready:
-                    process.join(timeout=1.0)
-                    raise WorkerDied(describe_exit(process.pid, process.exitcode))
-
-    def check_alive(self) -> None:
-        for process in self.processes:
-            if not process.is_alive():
-                process.join(timeout=1.0)
-                raise WorkerDied(describe_exit(process.pid, process.exitcode))
+            wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            events = self._poller.poll(wait_ms)
+            if not events:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            dead = None
+            for fd, _ in events:
+                worker_id = self._worker_of_fd.get(fd)
+                if worker_id is None:
+                    dead = self._process_of_fd.get(fd)
+                    continue
+                try:
+                    return worker_id, self._result_conns[worker_id].recv()
+                except EOFError:
+                    # The worker is gone; its sentinel says why.
+                    self._poller.unregister(fd)
+                    del self._worker_of_fd[fd]
+            if dead is not None:
+                dead.join(timeout=1.0)
+                raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
 
     def shutdown(self) -> None:
         """Ask every worker to exit, wait a bounded time, then terminate the rest."""
         if self._closed:
             return
         self._closed = True
-        for task_queue, process in zip(self._task_queues, self.processes):
+        for conn, process in zip(self._task_conns, self.processes):
             if process.is_alive():
                 try:
-                    task_queue.put(None)
-                except (OSError, ValueError):
-                    pass
+                    conn.send_bytes(pickle.dumps(None))
+                except OSError:
+                    pass  # it is exiting already
         deadline = time.monotonic() + _JOIN_GRACE
         for process in self.processes:
             process.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -161,11 +218,7 @@ class WorkerPool:
             if process.is_alive():
                 process.kill()
                 process.join(timeout=1.0)
-        for task_queue in self._task_queues:
-            # The feeder thread may hold items no worker will read now.
-            task_queue.cancel_join_thread()
-            task_queue.close()
-        for conn in self._conns:
-            if conn is not None:
-                conn.close()
-        self._conns = [None] * len(self._conns)
+        for conn in self._task_conns + self._result_conns:
+            conn.close()
+        for name in self._message_names:
+            unlink_name(name)  # a worker that died before reading it

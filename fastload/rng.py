@@ -92,15 +92,26 @@ class SeedSource:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
 
 
-_transform_rng = np.random.default_rng()
+_transform_rng: np.random.Generator | None = None
+# (base_seed, batch_no) of the current batch, turned into a generator only when
+# a transform first asks: building one costs ~10 us, too much for batches
+# whose pipeline draws nothing.
+_transform_seed: tuple[int, int] | None = None
 
 
 def transform_rng() -> np.random.Generator:
     """The generator random transforms draw from (reseeded per batch by the loader)."""
+    global _transform_rng, _transform_seed
+    if _transform_seed is not None:
+        base_seed, batch_no = _transform_seed
+        _transform_seed = None
+        _transform_rng = np.random.Generator(np.random.PCG64([base_seed & ((1 << 64) - 1), batch_no]))
+    elif _transform_rng is None:
+        _transform_rng = np.random.default_rng()
     return _transform_rng
 
 
 def seed_transform_rng(base_seed: int, batch_no: int) -> None:
     """Reseed ``transform_rng()`` for one batch of one epoch."""
-    global _transform_rng
-    _transform_rng = np.random.Generator(np.random.PCG64([base_seed & ((1 << 64) - 1), batch_no]))
+    global _transform_seed
+    _transform_seed = (base_seed, batch_no)

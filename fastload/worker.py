@@ -1,6 +1,6 @@
 """The worker process: its loop, ``WorkerInfo``, seeding, and error wrapping.
 
-A worker receives small messages on its task queue and answers on its result
+A worker receives small messages on its task pipe and answers on its result
 pipe; array bytes never travel through either (they go into ring slots):
 
 * ``("epoch", base_seed)``: a new epoch starts (new transform seeds, an
@@ -9,6 +9,7 @@ pipe; array bytes never travel through either (they go into ring slots):
   the slot; the answer is ``("batch" | "end" | "error", batch_no, slot_id,
   created_segment_name, layout_or_error)``;
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
+* ``("indirect", name, size)``: the real message waits in shared memory;
 * ``None``: exit.
 
 A worker also exits by itself when its parent dies (it polls for that while
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import random
 import signal
 import sys
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from fastload.fetch import BatchSource
-from fastload.ring import SlotWriter
+from fastload.ring import Segment, SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop",
            "LIVENESS_INTERVAL"]
@@ -108,7 +108,19 @@ def _seed_everything(seed: int) -> None:
         torch.manual_seed(seed)
 
 
-def worker_loop(worker_id: int, num_workers: int, payload: Any, task_queue: Any,
+def _read_task(task_conn: Any) -> Any:
+    message = pickle.loads(task_conn.recv_bytes())
+    if message is not None and message[0] == "indirect":
+        # A task too large for the pipe: it waits in shared memory (see pool.py).
+        _, name, size = message
+        segment = Segment(name)
+        data = segment.array[:size].tobytes()
+        segment.unlink()
+        message = pickle.loads(data)
+    return message
+
+
+def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 result_conn: Any, base_seed: int, parent_pid: int) -> None:
     """Entry point of a worker process (``payload`` is pickled bytes under spawn)."""
     global _worker_info
@@ -133,11 +145,13 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_queue: Any,
     writer = SlotWriter()
     while True:
         try:
-            message = task_queue.get(timeout=LIVENESS_INTERVAL)
-        except queue.Empty:
-            if os.getppid() != parent_pid:
-                break  # the main process is gone: nobody will read our batches
-            continue
+            if not task_conn.poll(LIVENESS_INTERVAL):
+                if os.getppid() != parent_pid:
+                    break  # the main process is gone: nobody will read our batches
+                continue
+            message = _read_task(task_conn)
+        except (EOFError, OSError):
+            break  # the main process closed our task pipe (or died)
         if message is None:
             break
         kind = message[0]

@@ -402,3 +402,63 @@ def test_drafted_bytes_in_memory_match_file(tmp_path):
     ds = ImageFolder(str(tmp_path), transform=T.Resize(240))  # same size: identity, full decode
     assert np.array_equal(np.asarray(ds[0][0]),
                           np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")))
+
+
+# -- with the DataLoader ----------------------------------------------------
+
+
+def test_seeded_loader_gives_the_same_images_for_any_num_workers(big_jpeg_folder, tmp_path):
+    import fastload
+
+    for index in range(6):  # a few small files beside the big ones: several batches
+        save_image(f"{big_jpeg_folder}/b/{index}.png", size=(90, 70), seed=index)
+    ds = ImageFolder(big_jpeg_folder, transform=T.Compose([
+        T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToArray()]))
+    runs = []
+    for workers, context in [(0, None), (2, None), (2, "spawn")]:
+        loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers,
+                                     generator=1234, multiprocessing_context=context)
+        runs.append([(images.copy(), targets.copy()) for images, targets in loader])
+    for other in runs[1:]:
+        assert len(other) == len(runs[0]) == 3
+        for (images, targets), (images_again, targets_again) in zip(runs[0], other):
+            assert images.shape == (len(targets), 3, 48, 48) and images.dtype == np.uint8
+            assert np.array_equal(images, images_again) and np.array_equal(targets, targets_again)
+
+
+def _private_growth_after_reading(samples, connection):
+    import psutil
+
+    me = psutil.Process()
+    before = me.memory_full_info().uss
+    for path, target in samples:  # what a worker's __getitem__ calls amount to
+        pass
+    connection.send(me.memory_full_info().uss - before)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_forked_readers_do_not_copy_the_sample_table(compact):
+    """Reading every sample in a forked child must not make the table's pages private.
+
+    The control (a list of tuples, as torchvision stores samples) shows the
+    measurement is sensitive: refcount writes copy tens of MB there.
+    """
+    import multiprocessing
+
+    pytest.importorskip("psutil")
+    pairs = [(f"/data/imagenet/train/n{k // 1300:08d}/n{k // 1300:08d}_{k}.JPEG", k // 1300)
+             for k in range(300_000)]
+    samples = SampleTable.from_pairs(pairs, prefix="/data/imagenet/train/") if compact else pairs
+    if compact:
+        del pairs
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_private_growth_after_reading, args=(samples, sender))
+    child.start()
+    growth = receiver.recv()
+    child.join(timeout=60)
+    megabytes = growth / 2**20
+    if compact:
+        assert megabytes < 4, f"a forked reader copied {megabytes:.1f} MB of the compact table"
+    else:
+        assert megabytes > 15, f"control: expected the list of tuples to be copied, got {megabytes:.1f} MB"

@@ -44,7 +44,7 @@ def pil_loader(path: str) -> Image.Image:
     # Open the file ourselves so the descriptor is closed now, not at garbage collection.
     with open(path, "rb") as f:
         img = Image.open(f)
-        return _as_rgb(img)
+        return img.convert("RGB")
 
 
 def default_loader(path: str) -> Image.Image:
@@ -53,8 +53,13 @@ def default_loader(path: str) -> Image.Image:
 
 
 def _as_rgb(img: Image.Image) -> Image.Image:
+    """``img`` decoded, as RGB, without ``convert``'s copy when it is RGB already.
+
+    ``pil_loader`` keeps torchvision's unconditional ``convert`` (it returns a
+    plain ``Image``); the planned path saves the copy.  The image is fully
+    loaded, so its closed file is never read again.
+    """
     img.load()
-    # convert() always copies; an already-RGB image needs no copy.
     return img if img.mode == "RGB" else img.convert("RGB")
 
 

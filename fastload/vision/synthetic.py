@@ -104,7 +104,8 @@ def write_image_folder(root: str | os.PathLike, images_per_class: Sequence[int] 
         counts = list(images_per_class)
     image_format = image_format.upper()
     if image_format not in _EXTENSIONS:
-        raise ValueError(f"unsupported image_format {image_format!r}: use one of {', '.join(_EXTENSIONS)}")
+        raise ValueError(f"unsupported image_format {image_format!r}: "
+                         f"use one of {', '.join(_EXTENSIONS)}")
     root = os.fspath(root)
     # Zero-padded so that the sorted class names are in class-number order.
     class_names = [f"class_{i:0{max(2, len(str(len(counts) - 1)))}d}" for i in range(len(counts))]

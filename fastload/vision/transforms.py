@@ -226,7 +226,12 @@ class Resize:
             raise ValueError("If size is a sequence, it should have 1 or 2 values")
         if size is None and max_size is None:
             raise ValueError("If size is None, then max_size must be provided.")
-        smaller_edge = size if isinstance(size, int) else (size[0] if size is not None and len(size) == 1 else None)
+        if isinstance(size, int):
+            smaller_edge = size
+        elif size is not None and len(size) == 1:
+            smaller_edge = size[0]
+        else:
+            smaller_edge = None  # size None, or an exact (h, w)
         if max_size is not None:
             if size is not None and smaller_edge is None:
                 raise ValueError("max_size should only be passed if size is None or specifies "
@@ -382,7 +387,8 @@ class RandomResizedCrop:
         self.ratio = ratio
 
     @staticmethod
-    def get_params(img: Any, scale: Sequence[float], ratio: Sequence[float]) -> tuple[int, int, int, int]:
+    def get_params(img: Any, scale: Sequence[float],
+                   ratio: Sequence[float]) -> tuple[int, int, int, int]:
         """``(top, left, height, width)`` of a random crop of ``img`` (PIL or (..., H, W) array)."""
         width, height = _image_width_height(img)
         return _sample_crop_box(width, height, scale, ratio)

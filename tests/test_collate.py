@@ -1,0 +1,1016 @@
+"""default_collate / default_convert: torch 2.x's rules, in numpy.
+
+Three kinds of checks:
+
+* differential tests against ``torch.utils.data.default_collate`` /
+  ``default_convert`` (the ``torch`` fixture skips them when torch is absent):
+  same container types, keys and order, and for every tensor an array of
+  ``tensor.numpy().dtype``, the same shape and the same values;
+* error tests: the exception type torch raises, plus the path of the
+  offending leaf (``batch[3]['image']``) that ours adds;
+* a hypothesis fuzz against a small pure-numpy reference of torch's rules
+  (and against torch itself when it is installed).
+
+Known, deliberate differences from torch (asserted as such below):
+
+* numpy dtypes torch refuses are collated: structured, datetime64,
+  longdouble, big-endian arrays, negative strides, uint64 scalars;
+* arrays (and numpy scalars) of mixed dtypes promote with numpy's rules where
+  torch uses its own (see ``MIXED_PROMOTION``);
+* an empty batch raises ``ValueError`` (torch: ``IndexError`` from ``batch[0]``).
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import copy
+import types
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import fastload
+from fastload import default_collate, default_convert
+
+ERR_START = ("default_collate: batch must contain tensors, numpy arrays, numbers, "
+             "dicts or lists; found")
+
+# Every fixed-size dtype torch can hold (uint16/32/64 since torch 2.3).
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+class Point(NamedTuple):
+    x: object
+    y: object
+
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+class ROSeq(collections.abc.Sequence):
+    """An immutable Sequence: torch rebuilds it as ``type(elem)(list)``."""
+
+    def __init__(self, data):
+        self.data = list(data)
+
+    def __getitem__(self, i):
+        return self.data[i]
+
+    def __len__(self):
+        return len(self.data)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self.data == other.data
+
+
+class ROMap(collections.abc.Mapping):
+    """An immutable Mapping: torch rebuilds it as ``type(elem)(dict)``."""
+
+    def __init__(self, data):
+        self._d = dict(data)
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+
+class MyDict(dict):
+    pass
+
+
+class MyList(list):
+    pass
+
+
+class StoreMap(collections.abc.MutableMapping):
+    """A MutableMapping wrapping a dict: ``copy.copy`` shares the wrapped dict."""
+
+    def __init__(self, data):
+        self._d = data
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __setitem__(self, key, value):
+        self._d[key] = value
+
+    def __delitem__(self, key):
+        del self._d[key]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+
+# --------------------------------------------------------------------------
+# Comparison helpers.
+# --------------------------------------------------------------------------
+
+def _is_tensor(obj) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+
+
+def _all_str(seq) -> bool:
+    return len(seq) > 0 and all(isinstance(v, (str, bytes)) for v in seq)
+
+
+def assert_same_as_torch(ours, theirs, path="batch"):
+    """``ours`` (numpy) is ``theirs`` (torch) with arrays in place of tensors."""
+    if _is_tensor(theirs):
+        expected = theirs.numpy()
+        assert isinstance(ours, np.ndarray), f"{path}: {type(ours)} is not an ndarray"
+        assert ours.dtype == expected.dtype, f"{path}: dtype {ours.dtype} != torch's {expected.dtype}"
+        assert ours.shape == expected.shape, f"{path}: shape {ours.shape} != torch's {expected.shape}"
+        np.testing.assert_array_equal(ours, expected, err_msg=path)
+        return
+    if isinstance(theirs, collections.abc.Mapping):
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+        assert list(ours.keys()) == list(theirs.keys()), path
+        if isinstance(theirs, collections.defaultdict):
+            assert ours.default_factory is theirs.default_factory, path
+        for key in theirs:
+            assert_same_as_torch(ours[key], theirs[key], f"{path}[{key!r}]")
+        return
+    if isinstance(theirs, tuple) and hasattr(theirs, "_fields"):
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same_as_torch(a, b, f"{path}[{i}]")
+        return
+    if isinstance(theirs, (str, bytes)) or not isinstance(theirs, collections.abc.Sequence):
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+        assert ours == theirs or (ours != ours and theirs != theirs), path  # NaN == NaN
+        return
+    # A sequence.  torch hands a batch of strings back as the very object it
+    # was given: a tuple when the strings sat inside a sequence (zip(*batch)).
+    # Ours always makes a list; that difference is pinned down separately by
+    # test_strings_inside_sequences_match_torch_container, not here.
+    if type(theirs) is tuple and _all_str(theirs):
+        assert type(ours) in (list, tuple), f"{path}: {type(ours)}"
+    else:
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+    assert len(ours) == len(theirs), path
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_same_as_torch(a, b, f"{path}[{i}]")
+
+
+def assert_same(ours, expected, path="batch"):
+    """``ours`` equals the numpy-land ``expected`` exactly (types, dtypes, values)."""
+    assert type(ours) is type(expected), f"{path}: {type(ours)} is not {type(expected)}"
+    if isinstance(expected, np.ndarray):
+        assert ours.dtype == expected.dtype, f"{path}: {ours.dtype} != {expected.dtype}"
+        assert ours.shape == expected.shape, f"{path}: {ours.shape} != {expected.shape}"
+        np.testing.assert_array_equal(ours, expected, err_msg=path)
+    elif isinstance(expected, collections.abc.Mapping):
+        assert list(ours.keys()) == list(expected.keys()), path
+        for key in expected:
+            assert_same(ours[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(ours) == len(expected), path
+        for i, (a, b) in enumerate(zip(ours, expected)):
+            assert_same(a, b, f"{path}[{i}]")
+    else:
+        assert ours == expected or (ours != ours and expected != expected), path
+
+
+def torch_ready(obj):
+    """A copy of ``obj`` with every array native-endian and positively strided.
+
+    torch refuses byte-swapped arrays and negative strides; ours does not, so
+    for those we compare ours against torch on an equal-valued copy.
+    """
+    if isinstance(obj, np.ndarray):
+        return np.array(obj, dtype=obj.dtype.newbyteorder("=")) if obj.dtype.kind != "V" else obj
+    if isinstance(obj, dict) and type(obj) is dict:
+        return {key: torch_ready(value) for key, value in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(torch_ready(v) for v in obj))
+    if type(obj) in (list, tuple):
+        return type(obj)(torch_ready(v) for v in obj)
+    return obj
+
+
+def torch_collate(torch, batch):
+    from torch.utils.data import default_collate as torch_default_collate
+
+    return torch_default_collate(torch_ready(batch))
+
+
+def torch_convert(torch, data):
+    from torch.utils.data import default_convert as torch_default_convert
+
+    return torch_default_convert(torch_ready(data))
+
+
+def arrays_of(tree) -> list:
+    found = []
+    if isinstance(tree, np.ndarray):
+        found.append(tree)
+    elif isinstance(tree, collections.abc.Mapping):
+        for value in tree.values():
+            found.extend(arrays_of(value))
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            found.extend(arrays_of(value))
+    return found
+
+
+# --------------------------------------------------------------------------
+# Sample structures for the differential tests: make(i) -> sample i.
+# --------------------------------------------------------------------------
+
+def _arr(i, shape=(2, 3), dtype="float32"):
+    return (np.arange(int(np.prod(shape))).reshape(shape) + 10 * i).astype(dtype)
+
+
+def _memmap(tmp_path_factory_dir, i):
+    m = np.memmap(tmp_path_factory_dir / f"m{i}.bin", dtype="float32", mode="w+", shape=(3, 4))
+    m[:] = _arr(i, (3, 4))
+    return m
+
+
+STRUCTURES = {
+    "int": lambda i: i * 7 - 3,
+    "float": lambda i: i / 3 - 1.5,
+    "bool": lambda i: i % 2 == 0,
+    "str": lambda i: f"s{i}",
+    "bytes": lambda i: bytes([65 + i]),
+    "array": lambda i: _arr(i),
+    "array_0d": lambda i: np.array(i * 1.5, dtype="float64"),
+    "array_empty": lambda i: np.zeros((0, 3), dtype="int16"),
+    "array_1elem": lambda i: np.array([i], dtype="uint8"),
+    "transposed": lambda i: _arr(i, (3, 5)).T,
+    "sliced_step": lambda i: _arr(i, (6, 8))[::2, 1::3],
+    "negative_strides": lambda i: _arr(i, (4, 5))[::-1, ::-2],
+    "fortran": lambda i: np.asfortranarray(_arr(i, (3, 4, 5))),
+    "broadcast": lambda i: np.broadcast_to(np.arange(3, dtype="int32") + i, (4, 3)),
+    "readonly": lambda i: _readonly(_arr(i)),
+    "dict": lambda i: {"image": _arr(i, (2, 2, 3), "uint8"), "label": i, "name": f"n{i}"},
+    "nested_dict": lambda i: {"a": {"b": {"c": _arr(i, (2,)), "d": [i, i + 1.0]}},
+                              "e": (True, np.int16(i))},
+    "ordered_dict": lambda i: collections.OrderedDict([("z", i), ("a", _arr(i)), ("m", 0.5 * i)]),
+    "defaultdict": lambda i: collections.defaultdict(list, {"x": _arr(i), "y": i}),
+    "dict_subclass": lambda i: MyDict(x=_arr(i), y=[i, 2 * i]),
+    "mapping_proxy": lambda i: types.MappingProxyType({"x": i, "y": _arr(i)}),
+    "custom_mapping": lambda i: ROMap({"x": i, "y": _arr(i)}),
+    "namedtuple": lambda i: Point(_arr(i), i),
+    "namedtuple_nested": lambda i: Pair(Point(i, 1.0 * i), {"k": _arr(i, (4,), "int32")}),
+    "tuple": lambda i: (_arr(i), i, 2.5 * i, f"t{i}"),
+    "list": lambda i: [_arr(i), [i, i], (i, i)],
+    "list_subclass": lambda i: MyList([i, _arr(i)]),
+    "custom_sequence": lambda i: ROSeq([i, 1.5 * i]),
+    "range": lambda i: range(3),
+    "numpy_scalars": lambda i: [np.dtype(d).type(i % 2) for d in DTYPES if d != "uint64"],
+    "numpy_str_scalar": lambda i: np.str_(f"np{i}"),
+    "float_subclass_np64": lambda i: np.float64(i + 0.25),
+    "deep": lambda i: [[[[{"leaf": [_arr(i, (1,))]}]]]],
+    "empty_dict": lambda i: {},
+    "empty_list": lambda i: [],
+}
+
+
+def _readonly(a):
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("name", sorted(STRUCTURES))
+def test_collate_matches_torch(torch, name, n):
+    batch = [STRUCTURES[name](i) for i in range(n)]
+    ours = default_collate(batch)
+    assert_same_as_torch(ours, torch_collate(torch, batch))
+
+
+def test_collate_memmap_matches_torch(torch, tmp_path):
+    batch = [_memmap(tmp_path, i) for i in range(3)] + [_memmap(tmp_path, 9)[::-1]]
+    ours = default_collate(batch)
+    assert type(ours) is np.ndarray  # a plain array, not a memmap onto the file
+    assert_same_as_torch(ours, torch_collate(torch, batch))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3, 4)])
+def test_collate_array_dtypes_match_torch(torch, dtype, shape):
+    if dtype == "uint64" and shape == ():
+        pytest.skip("torch 2.13 cannot convert 0-d uint64 arrays (\"an integer is required\")")
+    rng = np.random.default_rng(0)
+    batch = [(rng.integers(0, 100, size=shape) - (0 if dtype.startswith(("u", "b")) else 50)
+              ).astype(dtype) for _ in range(3)]
+    if dtype.startswith("float") or dtype.startswith("complex"):
+        batch[1] = batch[1] / 7  # non-integral values
+        batch[1] = batch[1].astype(dtype)
+    ours = default_collate(batch)
+    assert_same_as_torch(ours, torch_collate(torch, batch))
+    np.testing.assert_array_equal(ours, np.stack(batch))
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != "uint64"])
+def test_collate_numpy_scalars_match_torch(torch, dtype):
+    batch = [np.dtype(dtype).type(v) for v in (0, 1, 1)]
+    ours = default_collate(batch)
+    assert ours.dtype == np.dtype(dtype) and ours.shape == (3,)
+    assert_same_as_torch(ours, torch_collate(torch, batch))
+
+
+def test_collate_uint64_scalars_keep_dtype(torch):
+    # torch 2.13 cannot build a tensor from uint64 numpy scalars ("an integer
+    # is required"); ours keeps the dtype, values beyond int64 included.
+    batch = [np.uint64(2**63 + 5), np.uint64(1)]
+    with pytest.raises(TypeError):
+        torch_collate(torch, batch)
+    ours = default_collate(batch)
+    assert ours.dtype == np.uint64
+    assert ours.tolist() == [2**63 + 5, 1]
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">c16", ">u2"])
+def test_big_endian_collates_with_values_and_byte_order(torch, dtype):
+    # torch refuses byte-swapped arrays (ValueError); ours keeps the samples'
+    # dtype, byte order included, with the values torch gives for native copies.
+    batch = [{"x": _arr(i, (2, 3), dtype)} for i in range(3)]
+    from torch.utils.data import default_collate as torch_default_collate
+
+    with pytest.raises(ValueError):
+        torch_default_collate(batch)
+    ours = default_collate(batch)
+    assert ours["x"].dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(ours["x"], np.stack([b["x"] for b in batch]))
+    theirs = torch_collate(torch, batch)["x"].numpy()
+    assert theirs.dtype == ours["x"].dtype.newbyteorder("=")
+    np.testing.assert_array_equal(ours["x"], theirs)
+
+
+def test_mixed_byte_order_promotes_to_native():
+    batch = [_arr(0, (3,), ">f4"), _arr(1, (3,), "<f4")]
+    ours = default_collate(batch)
+    assert ours.dtype == np.dtype("=f4")
+    np.testing.assert_array_equal(ours, [[0, 1, 2], [10, 11, 12]])
+
+
+def test_structured_arrays_collate_although_torch_refuses(torch):
+    dt = np.dtype([("a", "<i4"), ("b", "<f8", (2,))])
+    batch = [np.array([(i, (i, -i)), (2 * i, (0.5, 1.5))], dtype=dt) for i in range(3)]
+    with pytest.raises(TypeError):  # torch: "can't convert np.ndarray of type numpy.void"
+        torch_collate(torch, batch)
+    ours = default_collate(batch)
+    assert ours.dtype == dt and ours.shape == (3, 2)
+    np.testing.assert_array_equal(ours, np.stack(batch))
+
+
+def test_datetime_and_longdouble_collate_although_torch_refuses(torch):
+    dates = [np.array(["2024-01-0%d" % (i + 1)], dtype="M8[D]") for i in range(2)]
+    with pytest.raises(TypeError):
+        torch_collate(torch, dates)
+    out = default_collate(dates)
+    assert out.dtype == np.dtype("M8[D]")
+    np.testing.assert_array_equal(out, np.stack(dates))
+    longs = [np.longdouble(1) / 3, np.longdouble(2)]
+    out = default_collate(longs)
+    assert out.dtype == np.longdouble
+    assert out[0] == np.longdouble(1) / 3
+
+
+@pytest.mark.parametrize("batch,expected_dtype", [
+    ([1, 2, 3], np.int64),
+    ([1.0, 2.0], np.float64),
+    ([True, False], np.bool_),
+    ([np.float32(1), np.float32(2)], np.float32),
+    ([np.bool_(True), np.bool_(False)], np.bool_),
+])
+def test_python_and_numpy_scalars(torch, batch, expected_dtype):
+    ours = default_collate(batch)
+    assert ours.dtype == expected_dtype
+    assert_same_as_torch(ours, torch_collate(torch, batch))
+
+
+# --------------------------------------------------------------------------
+# Mixed types.
+# --------------------------------------------------------------------------
+
+# (batch, torch's dtype, ours) -- where they differ ours follows numpy's
+# promotion (np.result_type over the samples' dtypes), which is value-safe.
+MIXED_PROMOTION = [
+    # Python scalars: identical to torch.
+    ("int_float", [1, 2.5], "float32", "float32"),       # torch.tensor default dtype
+    ("bool_int", [True, 2], "int64", "int64"),
+    ("float_int", [2.5, 1], "float64", "float64"),
+    ("float_bool", [2.5, True], "float64", "float64"),
+    ("int_bool", [1, True], "int64", "int64"),
+    ("bool_npbool", [True, np.bool_(False)], "bool", "bool"),
+    # Arrays of mixed dtypes: torch.stack promotes with torch's rules.
+    ("u8_f32", [np.zeros(2, "u1"), np.ones(2, "f4")], "float32", "float32"),
+    ("u8_i8", [np.zeros(2, "u1"), np.ones(2, "i1")], "int16", "int16"),
+    ("bool_u8", [np.zeros(2, "?"), np.ones(2, "u1")], "uint8", "uint8"),
+    ("f32_f64", [np.zeros(2, "f4"), np.ones(2, "f8")], "float64", "float64"),
+    ("f32_c64", [np.zeros(2, "f4"), np.ones(2, "c8")], "complex64", "complex64"),
+    ("i32_f16", [np.zeros(2, "i4"), np.ones(2, "f2")], "float16", "float64"),   # DIFFERS
+    ("i64_f32", [np.zeros(2, "i8"), np.ones(2, "f4")], "float32", "float64"),   # DIFFERS
+    ("i16_f16", [np.zeros(2, "i2"), np.ones(2, "f2")], "float16", "float32"),   # DIFFERS
+    # numpy scalars of mixed dtypes: torch.as_tensor(list) promotes, torch's rules.
+    ("np_u8_i8", [np.uint8(1), np.int8(1)], "int16", "int16"),
+    ("np_f32_f64", [np.float32(1), np.float64(2)], "float64", "float64"),
+    ("np_i32_f32", [np.int32(1), np.float32(2)], "float32", "float64"),          # DIFFERS
+    ("np_f16_i64", [np.float16(1), np.int64(2)], "float16", "float64"),          # DIFFERS
+    ("np_i32_pyint", [np.int32(1), 2], "int64", "int32"),                        # DIFFERS (NEP 50)
+]
+
+
+@pytest.mark.parametrize("case", MIXED_PROMOTION, ids=[c[0] for c in MIXED_PROMOTION])
+def test_mixed_dtypes_vs_torch(torch, case):
+    _, batch, torch_dtype, our_dtype = case
+    theirs = torch_collate(torch, batch).numpy()
+    assert theirs.dtype == np.dtype(torch_dtype), "torch's behaviour changed: update the table"
+    ours = default_collate(batch)
+    assert ours.dtype == np.dtype(our_dtype)
+    if torch_dtype != our_dtype:
+        # Where we differ, ours is numpy's promotion of the samples' dtypes.
+        assert ours.dtype == np.result_type(*batch)
+    assert ours.shape == theirs.shape
+    np.testing.assert_array_equal(ours, theirs.astype(ours.dtype))
+
+
+def test_mixed_dtypes_in_later_samples_with_shapes():
+    batch = [np.full((2, 2), 200, "u1"), np.full((2, 2), -1.5, "f4"), np.full((2, 2), 7, "i2")]
+    ours = default_collate(batch)
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, np.stack([b.astype("f4") for b in batch]))
+    with pytest.raises(RuntimeError, match=r"batch\[2\].*\(3,\)"):
+        default_collate([np.zeros(2, "u1"), np.zeros(2, "f4"), np.zeros(3, "f4")])
+
+
+def test_mixed_dtypes_leave_other_leaves_intact():
+    batch = [{"a": np.arange(3, dtype="u1"), "b": [i, 2 * i], "c": f"s{i}",
+              "d": np.full(4, i, "i8")} for i in range(3)]
+    batch[2]["a"] = np.arange(3, dtype="f8") + 0.5   # forces a re-plan of the buffer
+    ours = default_collate(batch)
+    assert ours["a"].dtype == np.float64
+    np.testing.assert_array_equal(ours["a"], [[0, 1, 2], [0, 1, 2], [0.5, 1.5, 2.5]])
+    np.testing.assert_array_equal(ours["b"][1], [0, 2, 4])
+    assert ours["c"] == ["s0", "s1", "s2"]
+    np.testing.assert_array_equal(ours["d"], [[0] * 4, [1] * 4, [2] * 4])
+    _assert_one_buffer(ours)
+
+
+def test_np_float64_after_python_int_keeps_float64(torch):
+    # BUG: torch gives float64 (np.float64 is a numpy scalar); ours gives
+    # float32 -- _scalar_promotion treats any float after a Python int as
+    # torch's *default* dtype, losing np.float64 precision.
+    batch = [1, np.float64(0.1)]
+    theirs = torch_collate(torch, batch).numpy()
+    assert theirs.dtype == np.float64
+    ours = default_collate(batch)
+    assert ours.dtype == np.float64
+    assert ours[1] == 0.1
+
+
+@pytest.mark.parametrize("batch,values", [
+    ([np.int8(1), 300], [1, 300]),
+    ([np.uint8(1), -1], [1, -1]),
+    ([np.float16(1), 1e6], [1, 1e6]),
+])
+def test_numpy_scalar_then_python_number_keeps_values(torch, batch, values):
+    # BUG: ours promotes with np.result_type(np.int8(1), 300) == int8 (NEP 50
+    # treats Python numbers as "weak"), then `out[i] = array` wraps silently:
+    # [np.int8(1), 300] -> int8 [1, 44]; [np.float16(1), 1e6] -> [1, inf].
+    # torch: int64 [1, 300] / float32 [1, 1e6].
+    theirs = torch_collate(torch, batch).numpy()
+    np.testing.assert_array_equal(theirs, values)
+    ours = default_collate(batch)
+    np.testing.assert_array_equal(ours, values)
+
+
+def test_mixed_scalars_with_huge_int_follow_torch(torch):
+    # torch.tensor([1, 2.5, 2**70]) is a float32 tensor; ours raised TypeError
+    # (np.asarray(2**70) is an object array in _fill_cast).
+    batch = [1, 2.5, 2**70]
+    theirs = torch_collate(torch, batch).numpy()
+    ours = default_collate(batch)
+    assert ours.dtype == theirs.dtype
+    np.testing.assert_array_equal(ours, theirs)
+
+
+# --------------------------------------------------------------------------
+# Containers.
+# --------------------------------------------------------------------------
+
+def test_tuple_becomes_list_and_namedtuple_stays():
+    out = default_collate([(1, Point(2, 3.0)), (4, Point(5, 6.0))])
+    assert type(out) is list and type(out[1]) is Point
+    assert out[1].x.tolist() == [2, 5] and out[1].y.dtype == np.float64
+
+
+def test_mapping_key_order_is_the_first_samples():
+    batch = [{"b": 1, "a": 2, "c": 3}, {"c": 30, "a": 20, "b": 10, "extra": 0}]
+    out = default_collate(batch)
+    assert list(out) == ["b", "a", "c"]
+    assert out["b"].tolist() == [1, 10] and out["c"].tolist() == [3, 30]
+
+
+def test_defaultdict_factory_survives_and_samples_untouched():
+    batch = [collections.defaultdict(int, {"x": np.arange(2) + i}) for i in range(2)]
+    snapshot = copy.deepcopy(batch)
+    out = default_collate(batch)
+    assert type(out) is collections.defaultdict and out.default_factory is int
+    assert out["missing"] == 0
+    for sample, before in zip(batch, snapshot):
+        assert list(sample) == list(before)
+        np.testing.assert_array_equal(sample["x"], before["x"])
+
+
+def test_custom_mutable_mapping_sharing_storage(torch):
+    # BUG: MappingNode.__init__ (collate.py) builds its template with
+    # copy.copy(elem).clear().  For a MutableMapping whose copy shares its
+    # storage (any wrapper class: copy.copy is shallow) that clears the
+    # user's first sample, and collation then fails with a nonsensical
+    # "batch[0] has no item 'x', but batch[0] does".  torch collates it.
+    def make():
+        return [StoreMap({"x": i, "y": np.full(2, i, "f4")}) for i in range(3)]
+
+    theirs = torch_collate(torch, make())
+    batch = make()
+    out = default_collate(batch)
+    assert list(batch[0]) == ["x", "y"], "default_collate emptied the caller's sample"
+    assert isinstance(out, StoreMap)
+    assert_same_as_torch(out, theirs)
+
+
+def test_strings_inside_sequences_match_torch_container(torch):
+    # DIFFERENCE: torch returns a batch of strings as it gets it, and inside a
+    # sequence that is a tuple from zip(*batch): [("a", 1), ("b", 2)] ->
+    # [("a", "b"), tensor([1, 2])].  Ours gives ["a", "b"].  Code doing
+    # `names + ["x"]` or `isinstance(names, tuple)` sees the difference.
+    batch = [("a", 1), ("b", 2)]
+    theirs = torch_collate(torch, batch)
+    ours = default_collate(batch)
+    assert type(ours[0]) is type(theirs[0])
+    assert ours[0] == theirs[0]
+
+
+def test_top_level_and_dict_strings_are_lists(torch):
+    assert default_collate(["a", "b"]) == ["a", "b"]
+    out = default_collate([{"s": "a"}, {"s": b"b"}])
+    assert out == {"s": ["a", b"b"]}
+    assert type(torch_collate(torch, [{"s": "a"}, {"s": "b"}])["s"]) is list
+
+
+def test_str_then_other_types_are_carried_as_is():
+    # torch's collate_str_fn returns the batch untouched, whatever follows.
+    assert default_collate(["a", 1, None]) == ["a", 1, None]
+
+
+def test_numpy_str_scalars_stay_strings():
+    out = default_collate([np.str_("x"), np.str_("y")])
+    assert out == ["x", "y"] and type(out[0]) is np.str_
+
+
+def test_empty_batch_raises():
+    with pytest.raises(ValueError):  # torch: IndexError from batch[0]
+        default_collate([])
+
+
+# --------------------------------------------------------------------------
+# Errors: torch's type, plus the path.
+# --------------------------------------------------------------------------
+
+def _torch_error(torch, batch):
+    try:
+        torch_collate(torch, batch)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("torch did not raise")
+
+
+def test_shape_mismatch_names_path_and_shapes(torch):
+    batch = [{"image": np.zeros((3, 4), "f4"), "y": i} for i in range(5)]
+    batch[3]["image"] = np.zeros((3, 5), "f4")
+    with pytest.raises(type(_torch_error(torch, batch))) as info:
+        default_collate(batch)
+    assert isinstance(info.value, RuntimeError)
+    msg = str(info.value)
+    assert "batch[3]['image']" in msg
+    assert "(3, 5)" in msg and "(3, 4)" in msg
+
+
+def test_shape_mismatch_ndim_and_nested_sequence_path():
+    batch = [[0, (np.zeros(2), "s")], [1, (np.zeros((2, 1)), "t")]]
+    with pytest.raises(RuntimeError, match=r"batch\[1\]\[1\]\[0\].*\(2, 1\).*\(2,\)"):
+        default_collate(batch)
+
+
+def test_missing_key_raises_keyerror_naming_sample(torch):
+    batch = [{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 3}]
+    assert isinstance(_torch_error(torch, batch), KeyError)
+    with pytest.raises(KeyError) as info:
+        default_collate(batch)
+    assert "batch[2]" in str(info.value) and "'b'" in str(info.value)
+
+
+def test_missing_nested_key_names_sample_path():
+    batch = [{"m": {"k": "v", "n": 1}}, {"m": {"k": "w"}}]
+    with pytest.raises(KeyError) as info:
+        default_collate(batch)
+    assert "batch[1]['m']" in str(info.value) and "'n'" in str(info.value)
+
+
+@pytest.mark.parametrize("batch,where", [
+    ([[1, 2], [1]], "batch[1]"),
+    ([{"s": [1, 2]}, {"s": [1, 2]}, {"s": [1, 2, 3]}], "batch[2]['s']"),
+    ([(1, [2, 3]), (1, [2])], "batch[1][1]"),
+])
+def test_unequal_lengths(torch, batch, where):
+    assert isinstance(_torch_error(torch, batch), RuntimeError)
+    with pytest.raises(RuntimeError) as info:
+        default_collate(batch)
+    msg = str(info.value)
+    assert msg.startswith("each element in list of batch should be of equal size")
+    assert where in msg
+
+
+@pytest.mark.parametrize("bad", [None, object(), {1, 2}, frozenset(), 1j, Ellipsis],
+                         ids=["none", "object", "set", "frozenset", "complex", "ellipsis"])
+def test_unsupported_type_top_level(torch, bad):
+    batch = [bad, bad]
+    assert type(_torch_error(torch, batch)) is TypeError
+    with pytest.raises(TypeError) as info:
+        default_collate(batch)
+    msg = str(info.value)
+    assert msg.startswith(ERR_START)
+    assert str(type(bad)) in msg and "batch[0]" in msg
+
+
+def test_unsupported_type_nested_names_path(torch):
+    batch = [{"x": 1, "meta": [0, None]}] * 2
+    assert type(_torch_error(torch, batch)) is TypeError
+    with pytest.raises(TypeError, match=r"^default_collate: batch must contain .*NoneType.*"
+                                        r"batch\[0\]\['meta'\]\[1\]"):
+        default_collate(batch)
+
+
+@pytest.mark.parametrize("dtype", ["U3", "S3", "O"])
+def test_string_and_object_arrays_raise(torch, dtype):
+    batch = [np.array(["a", "b"], dtype=dtype)] * 2
+    assert type(_torch_error(torch, batch)) is TypeError
+    with pytest.raises(TypeError) as info:
+        default_collate([{"k": b} for b in batch])
+    assert str(info.value).startswith(ERR_START)
+    assert "batch[0]['k']" in str(info.value)
+
+
+def test_structured_with_object_field_raises_naming_path():
+    # Ours raised numpy's bare "Cannot change data-type for array of
+    # references" from ArraySlot.view: _plan_node only screens dtype.str with
+    # [SaUO], and a structured dtype's str is "|V16" even with an object
+    # field.  It must not be memcpy'd either way (no refcounts taken).
+    dt = np.dtype([("obj", "O"), ("v", "f8")])
+    batch = [{"rec": np.array([(object(), 1.0)], dtype=dt)} for _ in range(2)]
+    with pytest.raises(TypeError) as info:
+        default_collate(batch)
+    assert "batch[0]['rec']" in str(info.value)
+
+
+def test_structured_with_object_field_never_copies_references():
+    class Tracked:
+        pass
+
+    dt = np.dtype([("obj", "O"), ("v", "f8")])
+    keep = [Tracked() for _ in range(2)]
+    refs = [weakref.ref(k) for k in keep]
+    batch = [np.array([(keep[i], 1.0)], dtype=dt) for i in range(2)]
+    with pytest.raises(TypeError):
+        default_collate(batch)
+    del batch, keep
+    assert all(r() is None for r in refs)
+
+
+@pytest.mark.parametrize("batch,where", [
+    ([2**70, 1], "batch[0]"),
+    ([{"n": 1}, {"n": -(2**64)}], "batch[1]['n']"),
+    ([1, 2**63], "batch[1]"),
+])
+def test_int_overflow_names_path(torch, batch, where):
+    # BUG (type): torch 2.13 raises ValueError("Overflow when unpacking long
+    # long"); ours raises RuntimeError (collate.py, _fill_leaf COPY_OVERFLOW).
+    # Code catching torch's ValueError would miss ours.
+    expected = type(_torch_error(torch, batch))
+    with pytest.raises(Exception) as info:
+        default_collate(batch)
+    assert where in str(info.value)
+    assert isinstance(info.value, expected), f"ours {type(info.value)}, torch {expected}"
+
+
+def test_int64_bounds_are_fine():
+    out = default_collate([2**63 - 1, -(2**63)])
+    assert out.dtype == np.int64 and out.tolist() == [2**63 - 1, -(2**63)]
+
+
+def test_type_change_across_samples_names_path():
+    with pytest.raises(TypeError, match=r"batch\[1\]\['x'\]"):
+        default_collate([{"x": np.zeros(2)}, {"x": "oops"}])
+    with pytest.raises(TypeError, match=r"batch\[2\]"):
+        default_collate([1, 2, "three"])
+
+
+def test_mixed_array_dtypes_then_non_array_raises_typeerror():
+    # BUG: _fill_leaf's promotion does np.result_type(*(v.dtype for v in
+    # values)) over *all* samples' leaves, so a non-array after a dtype
+    # change raises a bare AttributeError ("'list' object has no attribute
+    # 'dtype'") with no path.  Without the dtype change the same batch is a
+    # TypeError naming batch[2]; it should be that either way.
+    with pytest.raises(TypeError, match=r"batch\[2\]"):
+        default_collate([np.zeros(2, "u1"), np.zeros(2, "f4"), [1, 2]])
+    with pytest.raises(TypeError, match=r"batch\[2\]"):
+        default_collate([np.zeros((), "u1"), np.zeros((), "f4"), 3])
+
+
+def test_non_array_after_array_same_dtype_raises_typeerror():
+    with pytest.raises(TypeError, match=r"batch\[2\]"):
+        default_collate([np.zeros(2, "u1"), np.zeros(2, "u1"), [1, 2]])
+
+
+# --------------------------------------------------------------------------
+# default_convert.
+# --------------------------------------------------------------------------
+
+CONVERT_CASES = {
+    "array": lambda: _arr(1),
+    "array_fortran": lambda: np.asfortranarray(_arr(1, (3, 4))),
+    "array_sliced": lambda: _arr(1, (6, 6))[::2, ::3],
+    "array_0d": lambda: np.array(3.5),
+    "int": lambda: 3,
+    "float": lambda: 2.5,
+    "bool": lambda: True,
+    "str": lambda: "s",
+    "bytes": lambda: b"b",
+    "none": lambda: None,
+    "str_array": lambda: np.array(["a", "b"]),
+    "dict": lambda: {"a": _arr(0), "b": [np.int32(3), "x"], "c": (1, 2.0)},
+    "ordered": lambda: collections.OrderedDict(z=np.float32(1), a=_arr(2)),
+    "defaultdict": lambda: collections.defaultdict(list, a=_arr(0)),
+    "mapping_proxy": lambda: types.MappingProxyType({"a": _arr(0)}),
+    "namedtuple": lambda: Point(_arr(0), np.float16(2)),
+    "tuple": lambda: (np.int8(1), _arr(0), "s"),
+    "list": lambda: [np.uint16(1), [np.bool_(True)]],
+    "list_subclass": lambda: MyList([_arr(0), 1]),
+    "custom_sequence": lambda: ROSeq([np.int64(1), 2]),
+    **{f"scalar_{d}": (lambda d=d: np.dtype(d).type(1)) for d in DTYPES if d != "uint64"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERT_CASES))
+def test_convert_matches_torch(torch, name):
+    data = CONVERT_CASES[name]()
+    ours = default_convert(data)
+    theirs = torch_convert(torch, data)
+    if isinstance(theirs, np.ndarray):  # torch leaves string arrays alone
+        assert ours is data
+        return
+    assert_same_as_torch(ours, theirs)
+
+
+def test_convert_keeps_arrays_and_makes_scalars_0d():
+    a = _arr(0)
+    assert default_convert(a) is a
+    out = default_convert(np.float16(1.5))
+    assert isinstance(out, np.ndarray) and out.shape == () and out.dtype == np.float16
+    out = default_convert(np.uint64(2**64 - 1))  # torch cannot; ours keeps it
+    assert out.dtype == np.uint64 and int(out) == 2**64 - 1
+
+
+def test_convert_does_not_mutate_input():
+    data = {"a": [np.int32(1), (np.float32(2), "x")]}
+    snapshot = repr(data)
+    out = default_convert(data)
+    assert repr(data) == snapshot
+    assert isinstance(out["a"][0], np.ndarray) and type(out["a"][1]) is list
+
+
+# --------------------------------------------------------------------------
+# Output buffer: one flat uint8 buffer, aligned, C-contiguous, writeable views.
+# --------------------------------------------------------------------------
+
+def _root(a: np.ndarray):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _assert_one_buffer(batch):
+    arrays = arrays_of(batch)
+    assert arrays
+    roots = {id(_root(a)) for a in arrays}
+    assert len(roots) == 1, "arrays are not views of one buffer"
+    root = _root(arrays[0])
+    assert root.dtype == np.uint8 and root.ndim == 1
+    start = root.__array_interface__["data"][0]
+    spans = []
+    for a in arrays:
+        assert a.flags.c_contiguous and a.flags.writeable and a.flags.aligned
+        assert a.base is not None and a.flags.owndata is False
+        ptr = a.__array_interface__["data"][0]
+        assert start <= ptr and ptr + a.nbytes <= start + root.nbytes
+        assert ptr % a.dtype.alignment == 0
+        spans.append((ptr, ptr + a.nbytes))
+    spans.sort()
+    for (_, end), (begin, _) in zip(spans, spans[1:]):
+        assert end <= begin, "two leaves overlap in the buffer"
+
+
+def test_output_views_share_one_buffer():
+    batch = [{"img": _arr(i, (4, 4, 3), "u1").transpose(1, 0, 2), "y": i, "w": 0.5 * i,
+              "flag": bool(i % 2), "s": np.float16(i), "c": np.complex128(i),
+              "nest": [np.asfortranarray(_arr(i, (2, 3), "f8")), (np.int16(i), _arr(i, (1,), "?"))],
+              "name": f"n{i}"} for i in range(5)]
+    out = default_collate(batch)
+    _assert_one_buffer(out)
+    # Writing through one leaf touches neither the others nor the samples.
+    before = {k: out[k].copy() for k in ("y", "w", "s", "c")}
+    out["img"][...] = 255
+    for key, value in before.items():
+        np.testing.assert_array_equal(out[key], value)
+    assert batch[0]["img"].max() < 255 or batch[0]["img"].size == 0
+    np.testing.assert_array_equal(batch[2]["img"], _arr(2, (4, 4, 3), "u1").transpose(1, 0, 2))
+
+
+def test_output_is_a_copy_of_the_samples():
+    batch = [np.arange(4, dtype="f4") + i for i in range(3)]
+    out = default_collate(batch)
+    batch[0][:] = -1
+    np.testing.assert_array_equal(out[0], [0, 1, 2, 3])
+
+
+def test_empty_arrays_and_big_endian_views_are_well_formed():
+    batch = [{"e": np.zeros((0, 4), "f8"), "b": _arr(i, (3,), ">i4"), "x": np.zeros(3, "c16")}
+             for i in range(2)]
+    out = default_collate(batch)
+    assert out["e"].shape == (2, 0, 4)
+    _assert_one_buffer({"b": out["b"], "x": out["x"]})
+    assert out["e"].flags.c_contiguous and out["e"].flags.writeable
+
+
+def test_single_array_batch_is_a_uint8_view():
+    out = default_collate([np.ones(3, "f8")] * 2)
+    _assert_one_buffer(out)
+
+
+# --------------------------------------------------------------------------
+# Hypothesis fuzz against a reference implementation of torch's rules.
+# --------------------------------------------------------------------------
+
+FUZZ_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+               "float16", "float32", "float64", "complex64", "complex128"]
+_NT_CACHE: dict = {}
+
+
+def _namedtuple(n: int):
+    if n not in _NT_CACHE:
+        _NT_CACHE[n] = collections.namedtuple(f"NT{n}", [f"f{i}" for i in range(n)])
+    return _NT_CACHE[n]
+
+
+leaf_schemas = st.one_of(
+    st.tuples(st.just("array"), st.sampled_from(FUZZ_DTYPES),
+              hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+              st.sampled_from(["c", "f", "step", "neg", "T"])),
+    st.tuples(st.just("npscalar"), st.sampled_from(FUZZ_DTYPES)),
+    st.just(("int",)),
+    st.just(("float",)),
+    st.just(("bool",)),
+    st.just(("str",)),
+)
+
+schemas = st.recursive(
+    leaf_schemas,
+    lambda children: st.one_of(
+        st.tuples(st.just("dict"), st.lists(st.tuples(st.text("abcxyz", min_size=1, max_size=3),
+                                                      children),
+                                            max_size=4, unique_by=lambda kv: kv[0])),
+        st.tuples(st.just("list"), st.lists(children, max_size=4)),
+        st.tuples(st.just("tuple"), st.lists(children, max_size=4)),
+        st.tuples(st.just("nt"), st.lists(children, min_size=1, max_size=4)),
+    ),
+    max_leaves=10,
+)
+
+
+def _layout(array: np.ndarray, how: str) -> np.ndarray:
+    """The same values, in a memory layout that is not plain C order."""
+    if how == "f":
+        return np.asfortranarray(array)
+    if array.ndim == 0:
+        return array
+    if how == "step":
+        return np.repeat(array, 2, axis=0)[::2]
+    if how == "neg":
+        return np.ascontiguousarray(array[::-1])[::-1]
+    if how == "T":
+        return np.ascontiguousarray(array.T).T
+    return array
+
+
+def draw_sample(draw, schema):
+    kind = schema[0]
+    if kind == "array":
+        _, dtype, shape, how = schema
+        array = draw(hnp.arrays(dtype, shape))
+        return _layout(array, how)
+    if kind == "npscalar":
+        return draw(hnp.from_dtype(np.dtype(schema[1])))
+    if kind == "int":
+        return draw(st.integers(-(2**63), 2**63 - 1))
+    if kind == "float":
+        return draw(st.floats(allow_nan=True, allow_infinity=True))
+    if kind == "bool":
+        return draw(st.booleans())
+    if kind == "str":
+        return draw(st.text(max_size=3))
+    children = schema[1]
+    if kind == "dict":
+        return {key: draw_sample(draw, child) for key, child in children}
+    items = [draw_sample(draw, child) for child in children]
+    if kind == "list":
+        return items
+    if kind == "tuple":
+        return tuple(items)
+    return _namedtuple(len(items))(*items)
+
+
+@st.composite
+def batches(draw):
+    schema = draw(schemas)
+    n = draw(st.integers(1, 6))
+    return [draw_sample(draw, schema) for _ in range(n)]
+
+
+def reference_collate(batch):
+    """torch's default_collate rules, in plain numpy (same-typed samples only)."""
+    elem = batch[0]
+    if isinstance(elem, np.ndarray):
+        return np.stack(batch)
+    if isinstance(elem, np.generic) and not isinstance(elem, (np.str_, np.bytes_)):
+        return np.array(batch, dtype=elem.dtype)
+    if isinstance(elem, bool):
+        return np.array(batch, dtype=np.bool_)
+    if isinstance(elem, float):
+        return np.array(batch, dtype=np.float64)
+    if isinstance(elem, int):
+        return np.array(batch, dtype=np.int64)
+    if isinstance(elem, (str, bytes)):
+        return list(batch)
+    if isinstance(elem, collections.abc.Mapping):
+        return {key: reference_collate([d[key] for d in batch]) for key in elem}
+    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+        return type(elem)(*(reference_collate(list(s)) for s in zip(*batch)))
+    if isinstance(elem, (list, tuple)):
+        return [reference_collate(list(s)) for s in zip(*batch)]
+    raise AssertionError(f"reference cannot collate {type(elem)}")
+
+
+def _assert_close_nan(ours, expected, path="batch"):
+    """assert_same, where NaN equals NaN (np.testing does that already)."""
+    assert_same(ours, expected, path)
+
+
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(batches())
+def test_fuzz_against_reference(batch):
+    ours = default_collate(batch)
+    _assert_close_nan(ours, reference_collate(batch))
+    if arrays_of(ours):
+        _assert_one_buffer(ours)
+
+
+@FUZZ
+@given(batch=batches())
+def test_fuzz_against_torch(torch, batch):
+    assert_same_as_torch(default_collate(batch), torch_collate(torch, batch))
+
+
+@FUZZ
+@given(batch=batches())
+def test_fuzz_convert_against_torch(torch, batch):
+    sample = batch[0]
+    assert_same_as_torch(default_convert(sample), torch_convert(torch, sample))
+
+
+def test_public_api_exports():
+    assert fastload.default_collate is default_collate
+    assert fastload.default_convert is default_convert

@@ -1,0 +1,539 @@
+"""Faults with num_workers > 0: errors in workers, dead workers, timeouts, interrupts.
+
+Every test runs under the ``no_leaks`` fixture: afterwards no new ``fl_``
+segment of ours exists in /dev/shm and no child process of ours is alive.
+Timeouts are hang guards only.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from datasets_for_workers import FaultyDataset, SlowDataset, SquareDataset, WorkerIdDataset, record_init
+from leakcheck import is_alive, shm_entries
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(TESTS_DIR)
+
+
+class CustomError(Exception):
+    """A module-level exception type: it unpickles in the main process."""
+
+
+class TwoArgError(Exception):
+    """Cannot be rebuilt from a message alone: the re-raise falls back to RuntimeError."""
+
+    def __init__(self, code, detail):
+        super().__init__(code, detail)
+
+
+def _worker_pid_in(message: str, pids: list[int]) -> int:
+    match = re.search(r"pid (\d+)", message)
+    assert match, f"no pid in {message!r}"
+    pid = int(match.group(1))
+    assert pid in pids, f"pid {pid} in the message is not one of the workers {pids}"
+    return pid
+
+
+def _wait_gone(pids, seconds=5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if is_alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if is_alive(p)]
+
+
+def _prefix_entries(prefix: str) -> list[str]:
+    return sorted(name for name in shm_entries() if name.startswith(prefix))
+
+
+# ---------------------------------------------------------------------------
+# Exceptions in the worker re-raise in the main process
+# ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("error_type, error_args, expected_type", [
+    (CustomError, ("custom failure 17",), CustomError),
+    (KeyError, ("missing-key-17",), KeyError),
+    (TwoArgError, (17, "two-arg failure"), RuntimeError),
+])
+def test_getitem_exception_reraises_with_type_worker_id_and_traceback(
+        no_leaks, error_type, error_args, expected_type):
+    dataset = FaultyDataset(40, bad=9, error_type=error_type, error_args=error_args)
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2)
+    it = iter(loader)
+    assert next(it)[1].tolist() == [0, 1, 2, 3]
+    assert next(it)[1].tolist() == [4, 5, 6, 7]
+    with pytest.raises(expected_type) as excinfo:
+        next(it)
+    assert type(excinfo.value) is expected_type
+    message = str(excinfo.value)
+    assert re.search(r"in DataLoader worker process [01]\b", message), message
+    assert "Traceback (most recent call last)" in message
+    # The worker's own frames: the dataset's __getitem__ and the raise line.
+    assert "datasets_for_workers.py" in message and "__getitem__" in message, message
+    assert error_type.__name__ in message
+    assert str(error_args[-1]) in message
+    if error_type is KeyError:
+        # KeyError must not repr() the message (which would escape the newlines).
+        assert "\\n" not in message and "\n" in message
+    del it
+
+
+@pytest.mark.timeout(60)
+def test_unimportable_exception_type_falls_back_to_runtime_error(no_leaks):
+    class LocalError(Exception):  # pickling the type fails: RuntimeError carries the text
+        pass
+
+    loader = fl.DataLoader(FaultyDataset(16, bad=1, error_type=LocalError, error_args=("local!",)),
+                           batch_size=4, num_workers=1)
+    with pytest.raises(RuntimeError) as excinfo:
+        for _ in loader:
+            pass
+    message = str(excinfo.value)
+    assert "worker process 0" in message and "Traceback" in message, message
+    assert "LocalError: local!" in message, message  # the original type survives as text
+
+
+@pytest.mark.timeout(60)
+def test_iteration_continues_after_getitem_exception_as_torch(no_leaks):
+    expected = [list(range(b, min(b + 4, 40))) for b in range(0, 40, 4)]
+    loader = fl.DataLoader(FaultyDataset(40, bad=9), batch_size=4, num_workers=2)
+    it = iter(loader)
+    seen, errors = [], 0
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except ValueError as exc:
+            assert "bad sample" in str(exc)
+            errors += 1
+            continue
+        seen.append(batch[1].tolist())
+        np.testing.assert_array_equal(batch[0][:, 0], np.asarray(batch[1]) % 251)
+    assert errors == 1
+    assert seen == expected[:2] + expected[3:]
+    # The epoch ended normally: workers stopped and segments unlinked.
+    assert it.closed
+
+
+class RaisingCollate:
+    def __call__(self, samples):
+        if samples[0][1] == 8:
+            raise CustomError("collate refused batch starting at 8")
+        return fl.default_collate(samples)
+
+
+@pytest.mark.timeout(60)
+def test_collate_fn_exception_reraises(no_leaks):
+    loader = fl.DataLoader(SquareDataset(24, (4,)), batch_size=4, num_workers=2,
+                           collate_fn=RaisingCollate())
+    it = iter(loader)
+    assert next(it)[1].tolist() == [0, 1, 2, 3]
+    assert next(it)[1].tolist() == [4, 5, 6, 7]
+    with pytest.raises(CustomError) as excinfo:
+        next(it)
+    message = str(excinfo.value)
+    assert "in DataLoader worker process" in message
+    assert "RaisingCollate" in message or "__call__" in message
+    assert "collate refused batch starting at 8" in message
+    assert next(it)[1].tolist() == [12, 13, 14, 15]  # continues, as torch
+    del it
+
+
+def _failing_init(worker_id):
+    if worker_id == 1:
+        raise KeyError("init failed in worker 1")
+
+
+def _two_arg_failing_init(worker_id):
+    raise TwoArgError(worker_id, "init two-arg failure")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("init_fn, expected_type, text", [
+    (_failing_init, KeyError, "init failed in worker 1"),
+    (_two_arg_failing_init, RuntimeError, "init two-arg failure"),
+])
+def test_worker_init_fn_exception_reraises(no_leaks, init_fn, expected_type, text):
+    loader = fl.DataLoader(SquareDataset(24, (4,)), batch_size=4, num_workers=2,
+                           worker_init_fn=init_fn)
+    with pytest.raises(expected_type) as excinfo:
+        for _ in loader:
+            pass
+    message = str(excinfo.value)
+    assert type(excinfo.value) is expected_type
+    assert re.search(r"in DataLoader worker process [01]\b", message), message
+    assert init_fn.__name__ in message and "Traceback" in message
+    assert text in message
+
+
+@pytest.mark.timeout(60)
+def test_dropping_iterator_after_worker_exception_stops_workers_without_gc(no_leaks):
+    """After a re-raised worker error, ``del it`` alone must stop the workers.
+
+    The traceback of the re-raised exception must not keep the iterator (and
+    so its workers and segments) alive in a reference cycle until some later
+    garbage collection.
+    """
+    loader = fl.DataLoader(FaultyDataset(40, bad=5), batch_size=4, num_workers=2)
+    gc.disable()
+    try:
+        it = iter(loader)
+        pids, prefix = it.worker_pids, it._ring.prefix
+        next(it)
+        with pytest.raises(ValueError):
+            next(it)
+        ref = weakref.ref(it)
+        del it
+        assert ref() is None, "the iterator is still referenced after del (reference cycle?)"
+        assert _wait_gone(pids, 5.0) == []
+        assert _prefix_entries(prefix) == []
+    finally:
+        gc.enable()
+
+
+@pytest.mark.timeout(60)
+def test_iterator_collected_by_gc_still_cleans_up(no_leaks):
+    """An iterator that only the cyclic GC frees (it sits in a reference cycle)
+    must still stop its workers and unlink its segments when collected."""
+    loader = fl.DataLoader(SquareDataset(40, (4,)), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    it.cycle = it  # only gc can free it now
+    unraisable = []
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(info)
+    try:
+        del it
+        gc.collect()
+    finally:
+        sys.unraisablehook = old_hook
+    assert not unraisable, f"__del__ raised: {unraisable[0].exc_type.__name__}: {unraisable[0].exc_value}"
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
+
+
+# ---------------------------------------------------------------------------
+# Dead workers and timeouts
+# ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_worker_sigkilled_inside_getitem_raises_runtime_error(no_leaks):
+    loader = fl.DataLoader(FaultyDataset(400, bad=13, mode="sigkill"), batch_size=4,
+                           num_workers=2)
+    it = iter(loader)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as excinfo:
+        for _ in it:
+            pass
+    assert time.monotonic() - start < 10
+    message = str(excinfo.value)
+    _worker_pid_in(message, pids)
+    assert "SIGKILL" in message and "killed by signal" in message, message
+    assert it.closed
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_from_outside_raises_runtime_error(no_leaks):
+    loader = fl.DataLoader(SlowDataset(400, delay=0.005), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    victim = pids[1]
+    os.kill(victim, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as excinfo:
+        for _ in range(100):  # at most the batches already made, then the error
+            next(it)
+    assert time.monotonic() - start < 10
+    message = str(excinfo.value)
+    assert _worker_pid_in(message, pids) == victim
+    assert "SIGKILL" in message, message
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
+    with pytest.raises(StopIteration):  # the iterator is finished, not hung
+        next(it)
+
+
+@pytest.mark.timeout(60)
+def test_worker_os_exit_raises_runtime_error_with_exit_code(no_leaks):
+    loader = fl.DataLoader(FaultyDataset(400, bad=6, mode="exit"), batch_size=4, num_workers=2)
+    it = iter(loader)
+    pids = it.worker_pids
+    with pytest.raises(RuntimeError, match=r"exit code 3\b") as excinfo:
+        for _ in it:
+            pass
+    _worker_pid_in(str(excinfo.value), pids)
+
+
+@pytest.mark.timeout(60)
+def test_timeout_raises_runtime_error(no_leaks):
+    loader = fl.DataLoader(SlowDataset(8, delay=1.5), batch_size=2, num_workers=1, timeout=0.5)
+    it = iter(loader)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out"):
+        next(it)
+    elapsed = time.monotonic() - start
+    assert 0.4 < elapsed < 10, elapsed
+    del it
+
+
+@pytest.mark.timeout(60)
+def test_timeout_not_triggered_when_batches_arrive(no_leaks):
+    loader = fl.DataLoader(SlowDataset(8, delay=0.01), batch_size=2, num_workers=2, timeout=5)
+    assert [b[1].tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+# ---------------------------------------------------------------------------
+# Leaving an epoch early
+# ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_break_then_del_stops_workers_and_unlinks(no_leaks):
+    loader = fl.DataLoader(SquareDataset(200, (4,)), batch_size=4, num_workers=2)
+    it = iter(loader)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    for i, batch in enumerate(it):
+        if i == 3:
+            break
+    assert _prefix_entries(prefix), "the ring should have segments while iterating"
+    kept = batch
+    gc.disable()  # refcounting alone must do it
+    try:
+        del it
+        assert _wait_gone(pids, 5.0) == []
+        assert _prefix_entries(prefix) == []
+    finally:
+        gc.enable()
+    # A batch the caller still holds stays valid after the segments are unlinked.
+    assert kept[1].tolist() == [12, 13, 14, 15]
+    np.testing.assert_array_equal(kept[0], np.repeat(np.arange(12, 16, dtype=np.uint8)[:, None], 4, 1))
+
+
+@pytest.mark.timeout(60)
+def test_for_loop_break_without_names_stops_workers(no_leaks):
+    loader = fl.DataLoader(SquareDataset(200, (4,)), batch_size=4, num_workers=2)
+    gc.disable()
+    try:
+        for batch in loader:
+            it = loader._current_iterator()
+            pids, prefix = it.worker_pids, it._ring.prefix
+            del it
+            break
+        assert _wait_gone(pids, 5.0) == []
+        assert _prefix_entries(prefix) == []
+    finally:
+        gc.enable()
+
+
+def _consume_and_fail(loader, info):
+    for i, batch in enumerate(loader):
+        if i == 0:
+            it = loader._current_iterator()
+            info["pids"], info["prefix"] = it.worker_pids, it._ring.prefix
+            del it
+        if i == 2:
+            raise CustomError("training step failed")
+
+
+@pytest.mark.timeout(60)
+def test_exception_in_loop_body_then_iterator_dropped(no_leaks):
+    loader = fl.DataLoader(SquareDataset(200, (4,)), batch_size=4, num_workers=2)
+    info = {}
+    with pytest.raises(CustomError):
+        _consume_and_fail(loader, info)
+    # Even while the traceback (and the failed frame) is kept, then once dropped:
+    gc.collect()
+    assert _wait_gone(info["pids"], 5.0) == []
+    assert _prefix_entries(info["prefix"]) == []
+
+
+# ---------------------------------------------------------------------------
+# Signals to the main process (run in a subprocess)
+# ---------------------------------------------------------------------------
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path[:0] = [{TESTS_DIR!r}, {REPO_DIR!r}]
+        """) + textwrap.dedent(body))
+    return str(path)
+
+
+def _read_marker(proc, marker: str, seconds: float = 30.0) -> str:
+    """Read the child's stdout until a line starting with ``marker``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"child ended before {marker!r}: rc={proc.wait()}, "
+                                 f"stderr={proc.stderr.read()}")
+        if line.startswith(marker):
+            return line[len(marker):].strip()
+    raise AssertionError(f"no {marker!r} from child")
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path, no_leaks):
+    script = _script(tmp_path, """
+        import os, time
+        import fastload as fl
+        from datasets_for_workers import SlowDataset
+
+        loader = fl.DataLoader(SlowDataset(10_000, delay=0.05), batch_size=2, num_workers=2)
+        it = iter(loader)
+        next(it)
+        print("PIDS", *it.worker_pids, flush=True)
+        print("PREFIX", it._ring.prefix, flush=True)
+        for batch in it:
+            pass
+        """)
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        no_leaks.watch_pid(proc.pid)
+        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
+        prefix = _read_marker(proc, "PREFIX")
+        assert prefix.startswith(f"fl_{proc.pid}_")
+        assert all(is_alive(p) for p in pids)
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole process group
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt" in stderr, stderr
+    assert stderr.rstrip().splitlines()[-1].startswith("KeyboardInterrupt"), stderr
+    assert "leaked shared_memory" not in stderr, stderr  # cleaned by us, not the tracker
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
+
+
+@pytest.mark.timeout(60)
+def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks):
+    script = _script(tmp_path, """
+        import os, time
+        import fastload as fl
+        from datasets_for_workers import SquareDataset
+
+        loader = fl.DataLoader(SquareDataset(64, (3, 16, 16)), batch_size=4, num_workers=2,
+                               persistent_workers=True)
+        held = list(loader)          # one full epoch, every batch held
+        it = iter(loader)            # a second epoch, left mid-way
+        batch = next(it)
+        print("PIDS", *it.worker_pids, flush=True)
+        print("PREFIX", it._ring.prefix, flush=True)
+        time.sleep(60)
+        """)
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        no_leaks.watch_pid(proc.pid)
+        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
+        prefix = _read_marker(proc, "PREFIX")
+        assert all(is_alive(p) for p in pids)
+        assert _prefix_entries(prefix), "the child's ring should have segments"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or _prefix_entries(prefix)):
+        time.sleep(0.1)
+    orphans = [p for p in pids if is_alive(p)]
+    try:
+        assert orphans == [], f"workers {orphans} outlived their killed parent"
+        assert _prefix_entries(prefix) == [], "segments outlived the killed main process"
+    finally:
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------
+# Start methods and pickling
+# ---------------------------------------------------------------------------
+
+class LambdaDataset(SquareDataset):
+    def __init__(self):
+        super().__init__(8, (2,))
+        self.transform = lambda x: x
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_unpicklable_dataset_fails_at_iter_naming_it(no_leaks, method):
+    loader = fl.DataLoader(LambdaDataset(), batch_size=2, num_workers=2,
+                           multiprocessing_context=method)
+    with pytest.raises(Exception) as excinfo:
+        iter(loader)
+    message = str(excinfo.value)
+    assert "dataset" in message and "'fork'" in message and "lambda" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_local_class_dataset_fails_at_iter_under_spawn(no_leaks):
+    class LocalDataset(fl.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return i
+
+    loader = fl.DataLoader(LocalDataset(), batch_size=2, num_workers=1,
+                           multiprocessing_context="spawn")
+    with pytest.raises(Exception) as excinfo:
+        iter(loader)
+    message = str(excinfo.value)
+    assert "dataset" in message and "LocalDataset" in message and "'fork'" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_unpicklable_worker_init_fn_fails_at_iter_under_spawn(no_leaks):
+    loader = fl.DataLoader(SquareDataset(8, (2,)), batch_size=2, num_workers=2,
+                           multiprocessing_context="spawn", worker_init_fn=lambda i: None)
+    with pytest.raises(Exception) as excinfo:
+        iter(loader)
+    message = str(excinfo.value)
+    assert "worker_init_fn" in message and "'fork'" in message, message
+    assert "dataset" not in message.split("worker_init_fn")[0], message  # names the culprit
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_each_start_method_runs_an_epoch(no_leaks, method):
+    dataset = WorkerIdDataset(30, (2, 3))
+    expected = list(fl.DataLoader(dataset, batch_size=4))
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=method,
+                           worker_init_fn=record_init)
+    got = list(loader)
+    assert len(got) == len(expected) == 8
+    for ours, ref in zip(got, expected):
+        np.testing.assert_array_equal(ours[0], ref[0])
+        np.testing.assert_array_equal(ours[1], ref[1])
+    worker_ids = set(np.concatenate([b[2] for b in got]).tolist())
+    assert worker_ids <= {0, 1} and worker_ids, worker_ids  # made in workers, not in main
