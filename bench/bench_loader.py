@@ -9,11 +9,14 @@ Workloads (the figures of issues #2, #3 and #4):
   ToArray, batch 64 (torch runs the same Pillow pipeline, converted like
   torchvision's PILToTensor).
 
-For each, both loaders run in alternating rounds (A B, B A, ...) and the median
-is reported: samples/s, time to first batch, and peak memory (PSS summed over
-the main process and its workers, sampled while one extra epoch runs).  The
-*limit* is the single-process rate of the same pipeline with no loader at all
-(getitem + collate in a plain loop) times the number of workers.
+Every epoch runs in a fresh child process that imports only its own library
+(a fastload user does not import torch), so time to first batch includes
+worker start-up and peak memory is what that user's processes hold: PSS
+summed over the child and its workers, sampled by this parent process from
+/proc every 20 ms.  Both loaders run in alternating rounds (A B, B A, ...) and
+medians are reported.  The *limit* is the single-process rate of the same
+pipeline with no loader at all (getitem + default_collate in a plain loop)
+times the number of workers.
 
     python bench/bench_loader.py                      # all workloads, 2 workers and 0
     python bench/bench_loader.py --workloads tiny dict --workers 2 --rounds 5
@@ -22,13 +25,12 @@ the main process and its workers, sampled while one extra epoch runs).  The
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
-import threading
 import time
 from typing import Any, Callable
 
@@ -80,37 +82,37 @@ class Workload:
         self.make_fastload, self.make_torch, self.pipeline = make_fastload, make_torch, pipeline
 
 
-def build_workloads(names: list[str], image_root: str | None) -> list[Workload]:
-    import torch
-
-    workloads = []
-    if "tiny" in names or "array" in names:
+def build_workload(name: str, framework: str, image_root: str | None) -> Workload:
+    """One workload, built with only ``framework``'s library imported."""
+    if name in ("tiny", "array"):
         images, labels = tiny_data()
-    if "tiny" in names:
-        dataset = TinyImages(images, labels)
-        workloads.append(Workload("tiny", 256, lambda d=dataset: d, lambda d=dataset: d,
-                                  lambda d=dataset: d, len(dataset)))
-    if "array" in names:
+        if name == "tiny":
+            dataset = TinyImages(images, labels)
+            return Workload(name, 256, lambda: dataset, lambda: dataset, lambda: dataset, len(dataset))
+        if framework == "torch":
+            import torch
+
+            theirs = torch.utils.data.TensorDataset(torch.from_numpy(images), torch.from_numpy(labels))
+            return Workload(name, 256, lambda: None, lambda: theirs, lambda: None, len(labels))
         ours = fl.ArrayDataset(images, labels)
-        theirs = torch.utils.data.TensorDataset(torch.from_numpy(images), torch.from_numpy(labels))
-        workloads.append(Workload("array", 256, lambda: ours, lambda: theirs, lambda: ours,
-                                  len(labels)))
-    if "dict" in names:
+        return Workload(name, 256, lambda: ours, lambda: None, lambda: ours, len(labels))
+    if name == "dict":
         rng = np.random.default_rng(1)
         dataset = Records(rng.standard_normal((20_000, 1024), dtype=np.float32),
                           rng.integers(0, 100, 20_000))
-        workloads.append(Workload("dict", 128, lambda d=dataset: d, lambda d=dataset: d,
-                                  lambda d=dataset: d, len(dataset)))
-    if "images" in names:
+        return Workload(name, 128, lambda: dataset, lambda: dataset, lambda: dataset, len(dataset))
+    if name == "images":
         from fastload import bench as image_bench
         from fastload.vision import ImageFolder
 
-        root = image_root or image_bench.synthetic_image_folder()
+        root = image_root or image_bench.synthetic_image_folder(progress=False)
+        if framework == "torch":
+            folder = ImageFolder(root)
+            theirs = image_bench.TorchvisionStylePipeline(list(folder.samples), image_bench.CROP_SIZE)
+            return Workload(name, 64, lambda: None, lambda: theirs, lambda: None, len(theirs))
         ours = ImageFolder(root, transform=image_bench.standard_transform())
-        theirs = image_bench.TorchvisionStylePipeline(root)
-        workloads.append(Workload("images", 64, lambda: ours, lambda: theirs, lambda: ours,
-                                  len(ours)))
-    return workloads
+        return Workload(name, 64, lambda: ours, lambda: None, lambda: ours, len(ours))
+    raise ValueError(f"unknown workload {name!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -125,51 +127,6 @@ def batch_length(batch: Any) -> int:
     return len(batch)
 
 
-def run_epoch(loader: Any) -> tuple[float, float, int]:
-    """(seconds for the epoch, seconds to the first batch, samples)."""
-    start = time.perf_counter()
-    first = None
-    samples = 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        samples += batch_length(batch)
-    return time.perf_counter() - start, first or 0.0, samples
-
-
-class PeakPss:
-    """Samples the PSS of this process and its children until stopped; keeps the peak."""
-
-    def __init__(self, interval: float = 0.02) -> None:
-        self.interval, self.peak = interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _total(self) -> int:
-        me = psutil.Process()
-        total = 0
-        for process in [me] + me.children(recursive=True):
-            try:
-                if process.name().startswith("python") or process is me:
-                    total += process.memory_full_info().pss
-            except (psutil.Error, OSError):
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._total())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> "PeakPss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def make_loader(framework: str, workload: Workload, workers: int) -> Any:
     common = dict(batch_size=workload.batch_size, shuffle=True, num_workers=workers)
     if framework == "fastload":
@@ -180,53 +137,99 @@ def make_loader(framework: str, workload: Workload, workers: int) -> Any:
                                        generator=torch.Generator().manual_seed(0), **common)
 
 
+def child_epoch(name: str, framework: str, workers: int, image_root: str | None) -> dict:
+    """In the child process: build the workload, signal readiness, run one epoch."""
+    workload = build_workload(name, framework, image_root)
+    if framework == "torch":
+        import torch  # noqa: F401  (imported before the clock starts, as a user's script does)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent has its memory baseline; go
+    start = time.perf_counter()
+    loader = make_loader(framework, workload, workers)
+    first = None
+    samples = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        samples += batch_length(batch)
+    seconds = time.perf_counter() - start
+    return {"samples_per_s": samples / seconds, "first_batch_s": first, "samples": samples}
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_pss(root: psutil.Process) -> int:
+    try:
+        processes = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0
+    # The resource tracker is a helper of either library's, not a worker: count only
+    # the child and its worker processes.
+    return sum(_pss_bytes(p.pid) for p in processes)
+
+
+def run_child(name: str, framework: str, workers: int, image_root: str | None) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, str(workers)]
+    if image_root:
+        command += ["--image-root", image_root]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready", f"child for {name}/{framework} failed"
+    process = psutil.Process(child.pid)
+    peak = tree_pss(process)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    while child.poll() is None:
+        peak = max(peak, tree_pss(process))
+        time.sleep(0.02)
+    output = child.stdout.read()
+    if child.returncode != 0:
+        raise RuntimeError(f"child {name}/{framework}/{workers} failed with {child.returncode}")
+    result = json.loads(output.strip().splitlines()[-1])
+    result["peak_pss_mib"] = peak / 2**20
+    return result
+
+
 def pipeline_rate(workload: Workload, batches: int = 40) -> float:
     """Samples/s of getitem + default_collate in a plain loop: one core, no loader."""
     dataset = workload.pipeline()
     order = np.random.default_rng(0).permutation(len(dataset))
     bs = workload.batch_size
     batches = min(batches, len(dataset) // bs)
-    getitems = getattr(dataset, "__getitems__", None)
     start = time.perf_counter()
     for b in range(batches):
         keys = order[b * bs:(b + 1) * bs].tolist()
-        samples = getitems(keys) if getitems else [dataset[k] for k in keys]
-        fl.default_collate(samples)
+        fl.default_collate([dataset[k] for k in keys])
     return batches * bs / (time.perf_counter() - start)
 
 
-def measure(workload: Workload, workers: int, rounds: int) -> dict:
-    rates: dict[str, list[float]] = {"fastload": [], "torch": []}
-    firsts: dict[str, list[float]] = {"fastload": [], "torch": []}
+def measure(name: str, workers: int, rounds: int, image_root: str | None) -> dict:
+    runs: dict[str, list[dict]] = {"fastload": [], "torch": []}
     order = ["fastload", "torch"]
-    for round_no in range(rounds + 1):  # round 0 warms caches and imports, not counted
+    for round_no in range(rounds + 1):  # round 0 warms the page cache, not counted
         for framework in (order if round_no % 2 == 0 else order[::-1]):
-            loader = make_loader(framework, workload, workers)
-            seconds, first, samples = run_epoch(loader)
-            del loader
-            gc.collect()
+            result = run_child(name, framework, workers, image_root)
             if round_no > 0:
-                rates[framework].append(samples / seconds)
-                firsts[framework].append(first)
-    peaks = {}
-    for framework in order:
-        loader = make_loader(framework, workload, workers)
-        with PeakPss() as peak:
-            run_epoch(loader)
-        del loader
-        gc.collect()
-        peaks[framework] = peak.peak
+                runs[framework].append(result)
+    workload = build_workload(name, "fastload", image_root)
     single = statistics.median(pipeline_rate(workload) for _ in range(3))
-    result = {"workload": workload.name, "workers": workers, "batch_size": workload.batch_size}
+    result = {"workload": name, "workers": workers, "batch_size": workload.batch_size}
     for framework in order:
-        result[framework] = {"samples_per_s": statistics.median(rates[framework]),
-                             "first_batch_s": statistics.median(firsts[framework]),
-                             "peak_pss_mib": peaks[framework] / 2**20}
+        result[framework] = {key: statistics.median(r[key] for r in runs[framework])
+                             for key in ("samples_per_s", "first_batch_s", "peak_pss_mib")}
+        result[framework]["rounds"] = [round(r["samples_per_s"]) for r in runs[framework]]
     result["ratio"] = result["fastload"]["samples_per_s"] / result["torch"]["samples_per_s"]
     result["pipeline_one_core"] = single
-    limit = single * max(1, workers)
-    result["limit"] = limit
-    result["efficiency"] = result["fastload"]["samples_per_s"] / limit
+    result["limit"] = single * max(1, workers)
+    result["efficiency"] = result["fastload"]["samples_per_s"] / result["limit"]
     return result
 
 
@@ -272,25 +275,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "array", "dict", "images"],
                         choices=["tiny", "array", "dict", "images"])
-    parser.add_argument("--workers", nargs="+", type=int, default=[0, 2])
+    parser.add_argument("--workers", nargs="+", type=int, default=[2])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--image-root", default=None, help="an ImageFolder (default: synthetic)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "FRAMEWORK", "WORKERS"),
+                        help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    if options.child:
+        name, framework, workers = options.child
+        print(json.dumps(child_epoch(name, framework, int(workers), options.image_root)))
+        return 0
 
     results = []
-    for workload in build_workloads(options.workloads, options.image_root):
+    for name in options.workloads:
         for workers in options.workers:
-            result = measure(workload, workers, options.rounds)
+            result = measure(name, workers, options.rounds, options.image_root)
             results.append(result)
             print(table([result]).splitlines()[-1], flush=True)
-    command = "python bench/bench_loader.py " + " ".join(sys.argv[1:])
+    command = "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## Loader\n\n`{command.strip()}` on {machine()}.\n"
             f"Median of {options.rounds} alternating rounds (fastload, torch, then torch, "
-            f"fastload, ...) after a warm-up round. *limit* = single-process rate of the same "
-            f"getitem + collate pipeline with no loader, times the worker count (times 1 for 0 "
-            f"workers). Peak PSS sums the main process and its workers during one epoch.\n\n"
+            f"fastload, ...) after a warm-up round; every epoch runs in a fresh process that "
+            f"imports only its own library. *limit* = single-process rate of the same getitem + "
+            f"default_collate pipeline with no loader, times the worker count. Peak PSS sums the "
+            f"process and its workers over the epoch; first batch includes worker start-up.\n\n"
             + table(results) + "\n")
     print("\n" + text)
     if options.json:

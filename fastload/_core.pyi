@@ -1,5 +1,7 @@
 """Typed signatures of fastload._core (the compiled kernels)."""
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -57,3 +59,38 @@ def fill_batch(
     """
 
 # --- copy kernels (_copy.pxi) ---
+
+COPY_OK: int
+COPY_BAD_TYPE: int
+COPY_BAD_DTYPE: int
+COPY_BAD_SHAPE: int
+COPY_OVERFLOW: int
+SCALAR_INT: int
+SCALAR_FLOAT: int
+SCALAR_BOOL: int
+SCALAR_NUMPY: int
+
+def collate_array_leaf(
+    samples: list[Any], path: tuple[Any, ...], dtype: np.dtype[Any], shape: tuple[int, ...],
+    out: npt.NDArray[Any],
+) -> tuple[int, int]:
+    """Copy ``sample[path]`` (an ndarray of ``dtype``/``shape``) of every sample into ``out[i]``.
+
+    Returns ``(-1, COPY_OK)`` or ``(i, reason)`` for the first sample it cannot take.
+    """
+
+def collate_scalar_leaf(
+    samples: list[Any], path: tuple[Any, ...], kind: int, out: npt.NDArray[Any]
+) -> tuple[int, int]:
+    """Write the scalar ``sample[path]`` of every sample into ``out[i]`` (kind: SCALAR_*)."""
+
+def collect_leaf_objects(samples: list[Any], path: tuple[Any, ...]) -> list[Any]:
+    """``[sample[path] for sample in samples]``."""
+
+def first_length_mismatch(samples: list[Any], path: tuple[Any, ...], expected: int) -> int:
+    """Index of the first sample whose ``len(sample[path]) != expected``, else -1."""
+
+def gather_rows(
+    source: npt.NDArray[Any], rows: npt.NDArray[np.int64], out: npt.NDArray[Any]
+) -> npt.NDArray[Any]:
+    """``out[i] = source[rows[i]]``; IndexError naming a row out of range."""

@@ -123,13 +123,18 @@ class ArraySlot:
 
 
 class Value:
-    """A leaf that is not array data: it travels as a Python object."""
+    """A leaf that is not array data: it travels as a Python object.
 
-    __slots__ = ("value", "path")
+    ``as_tuple``: strings under a sequence come out of torch's ``zip(*batch)``
+    as a tuple, under a mapping as a list; the collated value keeps that type.
+    """
 
-    def __init__(self, value: Any = None, path: tuple = ()) -> None:
+    __slots__ = ("value", "path", "as_tuple")
+
+    def __init__(self, value: Any = None, path: tuple = (), as_tuple: bool = False) -> None:
         self.value = value
         self.path = path
+        self.as_tuple = as_tuple
 
     def build(self, buffer: np.ndarray) -> Any:
         return self.value
@@ -140,6 +145,7 @@ class Value:
     def __setstate__(self, state) -> None:
         self.value = state
         self.path = ()
+        self.as_tuple = False
 
 
 class MappingNode:
@@ -153,15 +159,25 @@ class MappingNode:
         self.mapping_type = type(elem)
         self.template = None
         if self.mapping_type is not dict and isinstance(elem, collections.abc.MutableMapping):
-            # torch clones the sample's mapping so extra state (a defaultdict's
-            # factory, an OrderedDict's type) survives; an emptied clone keeps
-            # that state without carrying the sample's data along.
+            # torch clones the first sample's mapping and updates the clone, so
+            # extra state (a defaultdict's factory, attributes) survives.
             try:
-                template = copy.copy(elem)
-                template.clear()
-                self.template = template
+                self.template = copy.copy(elem)
             except Exception:
                 self.template = None
+
+    def __getstate__(self):
+        # Sent from a worker: a dict subclass travels as an emptied clone (its
+        # own storage, so the sample is untouched), never with the sample's
+        # values; any other mapping is rebuilt from its type.
+        template = None
+        if isinstance(self.template, dict):
+            template = copy.copy(self.template)
+            dict.clear(template)
+        return (self.keys, self.children, template, self.mapping_type)
+
+    def __setstate__(self, state) -> None:
+        self.keys, self.children, self.template, self.mapping_type = state
 
     def build(self, buffer: np.ndarray) -> Any:
         values = {key: child.build(buffer) for key, child in zip(self.keys, self.children)}
@@ -260,10 +276,11 @@ class BatchLayout:
 # default_collate as plan + fill.
 # --------------------------------------------------------------------------
 
-def _plan_node(elem: Any, path: tuple, n: int, length_checks: list) -> Any:
+def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
+               in_sequence: bool = False) -> Any:
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
-        if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None:
+        if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None or elem.dtype.hasobject:
             raise TypeError(_ERR_FORMAT.format(elem.dtype) + f" (at {format_path(path, 0)})")
         return ArraySlot(elem.dtype, (n,) + elem.shape, path, _ARRAY)
     if isinstance(elem, (np.bool_, np.number, np.object_)):
@@ -277,7 +294,7 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list) -> Any:
     if isinstance(elem, int):
         return ArraySlot(np.int64, (n,), path, _SCALAR_INT)
     if isinstance(elem, (str, bytes)):
-        return Value(None, path)
+        return Value(None, path, as_tuple=in_sequence)
     if _is_torch_tensor(elem):
         return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _ARRAY,
                          as_torch=True)
@@ -285,11 +302,12 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list) -> Any:
         return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks)
                                   for key in elem])
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return NamedTupleNode(elem_type, [_plan_node(item, path + (i,), n, length_checks)
+        return NamedTupleNode(elem_type, [_plan_node(item, path + (i,), n, length_checks, True)
                                           for i, item in enumerate(elem)])
     if isinstance(elem, collections.abc.Sequence):
         length_checks.append((path, len(elem)))
-        children = [_plan_node(item, path + (i,), n, length_checks) for i, item in enumerate(elem)]
+        children = [_plan_node(item, path + (i,), n, length_checks, True)
+                    for i, item in enumerate(elem)]
         # torch turns a tuple into a list ("backwards compatibility") and
         # rebuilds other sequences as their own type when it can.
         return SequenceNode(None if isinstance(elem, tuple) else elem_type, children)
@@ -321,17 +339,40 @@ def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
     return error
 
 
-def _scalar_promotion(values: list, kind: int, path: tuple) -> np.dtype:
+# torch's type promotion goes by category first: the highest category present
+# (bool < integer < floating < complex) wins, and only values of that category
+# decide the width.  numpy instead widens (int64 + float32 -> float64), so the
+# slow paths promote the torch way.  Python numbers count as torch infers them.
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+_PYTHON_NUMBER_DTYPES = ((bool, np.dtype(np.bool_)), (int, np.dtype(np.int64)),
+                         (float, np.dtype(np.float32)), (complex, np.dtype(np.complex64)))
+
+
+def _torch_dtype_of(value: Any) -> np.dtype:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.dtype
+    for python_type, dtype in _PYTHON_NUMBER_DTYPES:
+        if isinstance(value, python_type):
+            return dtype
+    return np.asarray(value).dtype
+
+
+def torch_promote(dtypes: list) -> np.dtype:
+    """The dtype torch gives when it stacks or tensorises values of ``dtypes``."""
+    top = max(_CATEGORY.get(d.kind, 2) for d in dtypes)
+    return np.result_type(*(d for d in dtypes if _CATEGORY.get(d.kind, 2) == top))
+
+
+def _scalar_promotion(values: list, kind: int) -> np.dtype:
     """The dtype torch.tensor / torch.as_tensor would give a batch of mixed scalars."""
-    if kind == _SCALAR_NUMPY:
-        return np.result_type(*values)
     if kind == _SCALAR_FLOAT:
-        return np.dtype(np.float64)
-    if any(isinstance(v, (float, np.floating)) for v in values):
-        return np.dtype(np.float32)  # torch's default dtype for mixed int/float
-    if any(not isinstance(v, (bool, np.bool_)) for v in values):
-        return np.dtype(np.int64)
-    return np.dtype(np.bool_)
+        return np.dtype(np.float64)  # torch.tensor(batch, dtype=torch.float64)
+    return torch_promote([_torch_dtype_of(v) for v in values])
+
+
+def _overflow(where: str, value: Any) -> ValueError:
+    return ValueError(f"default_collate: {where}: {value!r} does not fit in int64 "
+                      f"(Overflow when unpacking long long)")
 
 
 def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
@@ -341,7 +382,13 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
     for i, value in enumerate(values):
         if _is_torch_tensor(value):
             value = value.detach().cpu().numpy()
-        array = np.asarray(value)
+        try:
+            array = np.asarray(value, dtype=leaf.dtype) if not isinstance(value, np.ndarray) \
+                else value
+        except OverflowError:
+            raise _overflow(format_path(leaf.path, i), value) from None
+        except (TypeError, ValueError):
+            array = np.asarray(value, dtype=object)
         if array.dtype.kind in "SaUO":
             raise TypeError(_ERR_FORMAT.format(type(value)) + f" (at {format_path(leaf.path, i)})")
         if array.shape != row_shape:
@@ -377,18 +424,22 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
         if code == _core.COPY_BAD_TYPE:
             raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} "
                             f"is a numpy array; every sample must have the structure of the first")
-        # Mixed dtypes: torch.stack promotes, so do we (numpy's promotion rules).
-        leaf.dtype = np.result_type(*(v.dtype for v in values))
+        not_array = next((i for i, v in enumerate(values) if not isinstance(v, np.ndarray)), None)
+        if not_array is not None:
+            raise TypeError(f"default_collate: {format_path(leaf.path, not_array)} is "
+                            f"{type(values[not_array]).__name__}, but {first} is a numpy array; "
+                            f"every sample must have the structure of the first")
+        # Mixed dtypes: torch.stack promotes, so do we (torch's rules).
+        leaf.dtype = torch_promote([v.dtype for v in values])
         leaf.kind = _CAST_ARRAY
         return False
     if code == _core.COPY_OVERFLOW:
-        raise RuntimeError(f"default_collate: {where}: {bad!r} does not fit in int64 "
-                           f"(Overflow when unpacking long)")
+        raise _overflow(where, bad)
     if not isinstance(bad, (bool, int, float, np.bool_, np.number)):
         raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} is "
                         f"{type(values[0]).__name__}; every sample must have the structure "
                         f"of the first")
-    leaf.dtype = _scalar_promotion(values, leaf.kind, leaf.path)
+    leaf.dtype = _scalar_promotion(values, leaf.kind)
     leaf.kind = _CAST_ARRAY
     return False
 
@@ -427,7 +478,8 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = _pri
     for leaf in leaves:
         if isinstance(leaf, Value):
             try:
-                leaf.value = _core.collect_leaf_objects(samples, leaf.path)
+                values = _core.collect_leaf_objects(samples, leaf.path)
+                leaf.value = tuple(values) if leaf.as_tuple else values
             except (KeyError, IndexError, TypeError) as exc:
                 raise _walk_error(samples, leaf.path, exc) from exc
     return layout, buffer
