@@ -137,8 +137,16 @@ def make_loader(framework: str, workload: Workload, workers: int) -> Any:
                                        generator=torch.Generator().manual_seed(0), **common)
 
 
-def child_epoch(name: str, framework: str, workers: int, image_root: str | None) -> dict:
-    """In the child process: build the workload, signal readiness, run one epoch."""
+def child_epochs(name: str, framework: str, workers: int, image_root: str | None,
+                 epochs: int) -> dict:
+    """In the child process: build the workload, signal readiness, run ``epochs`` epochs.
+
+    One loader is iterated ``epochs`` times, as a training script does (without
+    persistent_workers, so every epoch starts its workers again).  The first
+    epoch gives the time to first batch (worker start-up included); the rate
+    is the median over the later epochs, once one-time costs (imports, page
+    cache, helper processes) are paid by both libraries.
+    """
     workload = build_workload(name, framework, image_root)
     if framework == "torch":
         import torch  # noqa: F401  (imported before the clock starts, as a user's script does)
@@ -147,13 +155,18 @@ def child_epoch(name: str, framework: str, workers: int, image_root: str | None)
     start = time.perf_counter()
     loader = make_loader(framework, workload, workers)
     first = None
-    samples = 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        samples += batch_length(batch)
-    seconds = time.perf_counter() - start
-    return {"samples_per_s": samples / seconds, "first_batch_s": first, "samples": samples}
+    rates = []
+    for _ in range(epochs):
+        epoch_start = time.perf_counter()
+        samples = 0
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            samples += batch_length(batch)
+        rates.append(samples / (time.perf_counter() - epoch_start))
+    steady = rates[1:] or rates
+    return {"samples_per_s": statistics.median(steady), "first_batch_s": first,
+            "first_epoch_samples_per_s": rates[0]}
 
 
 def _pss_bytes(pid: int) -> int:
@@ -177,8 +190,10 @@ def tree_pss(root: psutil.Process) -> int:
     return sum(_pss_bytes(p.pid) for p in processes)
 
 
-def run_child(name: str, framework: str, workers: int, image_root: str | None) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, str(workers)]
+def run_child(name: str, framework: str, workers: int, image_root: str | None,
+              epochs: int) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, str(workers),
+               "--epochs", str(epochs)]
     if image_root:
         command += ["--image-root", image_root]
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -211,12 +226,12 @@ def pipeline_rate(workload: Workload, batches: int = 40) -> float:
     return batches * bs / (time.perf_counter() - start)
 
 
-def measure(name: str, workers: int, rounds: int, image_root: str | None) -> dict:
+def measure(name: str, workers: int, rounds: int, image_root: str | None, epochs: int) -> dict:
     runs: dict[str, list[dict]] = {"fastload": [], "torch": []}
     order = ["fastload", "torch"]
     for round_no in range(rounds + 1):  # round 0 warms the page cache, not counted
         for framework in (order if round_no % 2 == 0 else order[::-1]):
-            result = run_child(name, framework, workers, image_root)
+            result = run_child(name, framework, workers, image_root, epochs)
             if round_no > 0:
                 runs[framework].append(result)
     workload = build_workload(name, "fastload", image_root)
@@ -224,7 +239,8 @@ def measure(name: str, workers: int, rounds: int, image_root: str | None) -> dic
     result = {"workload": name, "workers": workers, "batch_size": workload.batch_size}
     for framework in order:
         result[framework] = {key: statistics.median(r[key] for r in runs[framework])
-                             for key in ("samples_per_s", "first_batch_s", "peak_pss_mib")}
+                             for key in ("samples_per_s", "first_batch_s", "peak_pss_mib",
+                                         "first_epoch_samples_per_s")}
         result[framework]["rounds"] = [round(r["samples_per_s"]) for r in runs[framework]]
     result["ratio"] = result["fastload"]["samples_per_s"] / result["torch"]["samples_per_s"]
     result["pipeline_one_core"] = single
@@ -277,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["tiny", "array", "dict", "images"])
     parser.add_argument("--workers", nargs="+", type=int, default=[2])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per child process")
     parser.add_argument("--image-root", default=None, help="an ImageFolder (default: synthetic)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     parser.add_argument("--json", default=None, help="also write the raw results here")
@@ -285,22 +302,26 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.child:
         name, framework, workers = options.child
-        print(json.dumps(child_epoch(name, framework, int(workers), options.image_root)))
+        print(json.dumps(child_epochs(name, framework, int(workers), options.image_root,
+                                      options.epochs)))
         return 0
 
     results = []
     for name in options.workloads:
         for workers in options.workers:
-            result = measure(name, workers, options.rounds, options.image_root)
+            result = measure(name, workers, options.rounds, options.image_root, options.epochs)
             results.append(result)
             print(table([result]).splitlines()[-1], flush=True)
     command = "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## Loader\n\n`{command.strip()}` on {machine()}.\n"
             f"Median of {options.rounds} alternating rounds (fastload, torch, then torch, "
-            f"fastload, ...) after a warm-up round; every epoch runs in a fresh process that "
-            f"imports only its own library. *limit* = single-process rate of the same getitem + "
-            f"default_collate pipeline with no loader, times the worker count. Peak PSS sums the "
-            f"process and its workers over the epoch; first batch includes worker start-up.\n\n"
+            f"fastload, ...) after a warm-up round. Each round is a fresh process that imports only "
+            f"its own library and iterates one DataLoader for {options.epochs} epochs (new workers "
+            f"every epoch, the default): samples/s is the median of the epochs after the first, "
+            f"first batch is measured from DataLoader construction in the first epoch (worker "
+            f"start-up included), peak PSS sums the process and its workers over the run. "
+            f"*limit* = single-process rate of the same getitem + default_collate pipeline with "
+            f"no loader, times the worker count.\n\n"
             + table(results) + "\n")
     print("\n" + text)
     if options.json:

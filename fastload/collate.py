@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections.abc
 import copy
+import math
 import re
 from typing import Any, Callable, Sequence
 
@@ -97,7 +98,7 @@ class ArraySlot:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def view(self, buffer: np.ndarray) -> np.ndarray:
         # Slicing a uint8 buffer then reinterpreting keeps the buffer's base

@@ -34,7 +34,7 @@ from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import Dataset, IterableDataset
 from fastload.fetch import BatchSource
 from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
-from fastload.ring import Ring
+from fastload.ring import Ring, SharedMemoryError
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, _epoch_source
 
@@ -498,7 +498,11 @@ class _MultiProcessIter(_BaseIter):
         worker, reply = got
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
-            self._ring.adopt(slot_id, created)
+            try:
+                self._ring.adopt(slot_id, created)
+            except SharedMemoryError:
+                self.shutdown()
+                raise
         if kind == "init_error":
             self.shutdown()
             payload.reraise()

@@ -216,6 +216,7 @@ class Ring:
         self._returned: collections.deque[int] = collections.deque()
         self._retired: list[tuple[int, str]] = []
         self._next_id = 0
+        self._space_checked = False
         self.closed = False
 
     def _name(self, slot_id: int, generation: int) -> str:
@@ -283,6 +284,15 @@ class Ring:
             slot.segment.unlink()
         slot.segment = new_segment
         slot.generation += 1
+        if not self._space_checked:
+            # The first batch tells how big a slot is: check now that the
+            # whole ring fits, rather than failing slot by slot later.
+            self._space_checked = True
+            missing_slots = self.in_flight - sum(
+                1 for s in self._slots.values() if s.segment is not None)
+            free = shm_free_bytes()
+            if free is not None and missing_slots * new_segment.size > free:
+                raise _space_error(name, new_segment.size, self.in_flight * new_segment.size)
 
     def lease(self, slot_id: int) -> np.ndarray:
         """The slot's bytes as a uint8 array whose base is a fresh ``SlotLease``."""

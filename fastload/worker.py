@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import select
 import signal
 import sys
 import traceback
@@ -143,9 +144,14 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
         return
     writer = SlotWriter()
+    # One poll object for the life of the worker: Connection.poll() would
+    # build a selector on every call, on the per-batch path.
+    tasks_ready = select.poll()
+    tasks_ready.register(task_conn.fileno(), select.POLLIN)
+    liveness_ms = int(LIVENESS_INTERVAL * 1000)
     while True:
         try:
-            if not task_conn.poll(LIVENESS_INTERVAL):
+            if not tasks_ready.poll(liveness_ms):
                 if os.getppid() != parent_pid:
                     break  # the main process is gone: nobody will read our batches
                 continue
