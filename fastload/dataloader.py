@@ -20,7 +20,6 @@ skips the index batches already yielded (no data is fetched for them).
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import math
 import multiprocessing
@@ -244,7 +243,7 @@ class DataLoader:
             if self._iterator is None or self._iterator.closed:
                 self._iterator = _MultiProcessIter(self, resume)
             else:
-                self._iterator.reset(resume)
+                self._iterator.reset(self, resume)
             return self._iterator
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
@@ -257,13 +256,6 @@ class DataLoader:
         if self._iterator is not None:
             return self._iterator
         return self._last_iterator() if self._last_iterator is not None else None
-
-    def _index_stream(self) -> Iterator[Any]:
-        """The epoch's index batches: int64 arrays from our samplers, else what the sampler yields."""
-        index_sampler = self._index_sampler
-        if isinstance(index_sampler, BatchSampler) and _epoch_source(index_sampler.sampler) is not None:
-            return index_sampler._index_batches()
-        return iter(index_sampler)
 
     def _rng_sources(self) -> list[SeedSource]:
         """Every seed stream an epoch draws from, to snapshot and restore them."""
@@ -304,33 +296,51 @@ class DataLoader:
         self._pending_state = dict(state)
 
 
+def _index_stream(index_sampler: Any) -> Iterator[Any]:
+    """The epoch's index batches: int64 arrays from our samplers, else what the sampler yields."""
+    if isinstance(index_sampler, BatchSampler) and _epoch_source(index_sampler.sampler) is not None:
+        return index_sampler._index_batches()
+    return iter(index_sampler)
+
+
 class _BaseIter:
-    """What both iterators share: the epoch's index stream, seeds and counting."""
+    """What both iterators share: the epoch's index stream, seeds and counting.
+
+    An iterator copies what it needs from its loader instead of keeping the
+    loader: a persistent loader keeps its iterator, and a cycle between the two
+    would keep workers alive after ``del loader`` until the garbage collector ran.
+    """
 
     closed = False
 
     def __init__(self, loader: DataLoader) -> None:
-        self._loader = loader
         self._source = BatchSource(loader.dataset, loader._iterable, loader._auto_collation,
                                    loader.collate_fn, loader.batch_size, loader.drop_last)
         self._to_torch = loader.output == "torch"
+        self._dataset = loader.dataset
+        self._iterable = loader._iterable
+        self._loader_workers = loader.num_workers
+        self._seed_source = loader._seed_source
+        self._rng_sources = loader._rng_sources()
+        self._sampler = loader.sampler
+        self._index_sampler = loader._index_sampler
+        self._len_called = loader._IterableDataset_len_called
         self.epoch_finished = False
 
     def _begin_epoch(self, resume: dict | None) -> int:
         """Restore (on resume) and snapshot the seed streams, draw the epoch's base seed."""
-        loader = self._loader
-        sources = loader._rng_sources()
+        sources = self._rng_sources
         skip = 0
         if resume is not None:
             for source, state in zip(sources, resume["rng_states"]):
                 source.set_state(state)
-            if resume.get("sampler_epoch") is not None and hasattr(loader.sampler, "set_epoch"):
-                loader.sampler.set_epoch(resume["sampler_epoch"])
+            if resume.get("sampler_epoch") is not None and hasattr(self._sampler, "set_epoch"):
+                self._sampler.set_epoch(resume["sampler_epoch"])
             skip = int(resume["batches_yielded"])
         self.epoch_rng_states = [s.get_state() for s in sources]
-        base_seed = loader._seed_source.draw()
+        base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
-        self._indices = loader._index_stream()
+        self._indices = _index_stream(self._index_sampler)
         # Batches already seen are skipped as indices only: nothing is fetched.
         for _ in itertools.islice(self._indices, skip):
             pass
@@ -341,13 +351,11 @@ class _BaseIter:
 
     def _deliver(self, batch: Any) -> Any:
         self.num_yielded += 1
-        loader = self._loader
-        if loader._iterable and loader._IterableDataset_len_called is not None \
-                and self.num_yielded > loader._IterableDataset_len_called:
-            message = (f"Length of IterableDataset {loader.dataset} was reported to be "
-                       f"{loader._IterableDataset_len_called}(when accessing len(dataloader)), but "
+        if self._iterable and self._len_called is not None and self.num_yielded > self._len_called:
+            message = (f"Length of IterableDataset {self._dataset} was reported to be "
+                       f"{self._len_called}(when accessing len(dataloader)), but "
                        f"{self.num_yielded} samples have been fetched. ")
-            if loader.num_workers > 0:
+            if self._loader_workers > 0:
                 message += ("For multiprocessing data-loading, this could be caused by not "
                             "properly configuring the IterableDataset replica at each worker.")
             warnings.warn(message, stacklevel=3)
@@ -357,7 +365,7 @@ class _BaseIter:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return len(self._index_sampler)
 
 
 class _SingleProcessIter(_BaseIter):
@@ -378,15 +386,18 @@ class _SingleProcessIter(_BaseIter):
         return self._deliver(batch)
 
 
-# Iterators with live workers, so that interpreter exit still stops them and
-# unlinks their segments (the resource tracker is only the last resort).
-_LIVE_ITERATORS: "weakref.WeakSet[_MultiProcessIter]" = weakref.WeakSet()
+def _release_workers_and_ring(pool: WorkerPool | None, ring: Ring, tasks: dict) -> None:
+    """Stop the workers, then unlink every segment (also the ones a worker was regrowing).
 
-
-@atexit.register
-def _shutdown_live_iterators() -> None:
-    for iterator in list(_LIVE_ITERATORS):
-        iterator.shutdown()
+    Run by a ``weakref.finalize``: it holds the pool and the ring, never the
+    iterator, so it runs exactly once -- on shutdown(), when the iterator is
+    collected (even inside a reference cycle) or at interpreter exit.
+    """
+    try:
+        if pool is not None:
+            pool.shutdown()
+    finally:
+        ring.close([slot for _, slot in tasks.values()])
 
 
 class _MultiProcessIter(_BaseIter):
@@ -400,8 +411,12 @@ class _MultiProcessIter(_BaseIter):
         self._prefetch = max(1, loader.prefetch_factor or 0)
         self._timeout = loader.timeout if loader.timeout > 0 else None
         self._in_order = loader.in_order
+        self._persistent = loader.persistent_workers
         self._pool = None
         self._ring = Ring(in_flight=self._num_workers * self._prefetch)
+        self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
+        self._finalizer = weakref.finalize(self, _release_workers_and_ring, None, self._ring,
+                                           self._tasks)
         source_args = (loader._iterable, loader._auto_collation, loader.collate_fn,
                        loader.batch_size, loader.drop_last)
         named = [("dataset", loader.dataset), ("batch settings and collate_fn", source_args),
@@ -416,14 +431,16 @@ class _MultiProcessIter(_BaseIter):
         resource_tracker.ensure_running()
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 message_prefix=self._ring.prefix)
-        _LIVE_ITERATORS.add(self)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _release_workers_and_ring, self._pool, self._ring,
+                                           self._tasks)
         self._start_dispatch(base_seed)
 
     # -- epochs --------------------------------------------------------------
 
     def _start_dispatch(self, base_seed: int) -> None:
         self._pool.broadcast(("epoch", base_seed))
-        self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
+        self._tasks.clear()
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
         self._active = [True] * self._num_workers
@@ -433,8 +450,9 @@ class _MultiProcessIter(_BaseIter):
         for _ in range(self._num_workers * self._prefetch):
             self._dispatch()
 
-    def reset(self, resume: dict | None = None) -> None:
+    def reset(self, loader: DataLoader, resume: dict | None = None) -> None:
         """A new epoch on the same workers (persistent_workers)."""
+        self._len_called = loader._IterableDataset_len_called
         self._drain()
         base_seed = self._begin_epoch(resume)
         self._start_dispatch(base_seed)
@@ -494,7 +512,7 @@ class _MultiProcessIter(_BaseIter):
             raise RuntimeError(str(exc)) from None
         if got is None:
             self.shutdown()
-            raise RuntimeError(f"DataLoader timed out after {self._loader.timeout} seconds")
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
@@ -561,24 +579,15 @@ class _MultiProcessIter(_BaseIter):
 
     def _end_epoch(self) -> None:
         self.epoch_finished = True
-        if not self._loader.persistent_workers:
+        if not self._persistent:
             self.shutdown()
 
     # -- teardown ------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Stop the workers and unlink every segment; held batches stay valid."""
-        if self.closed:
-            return
         self.closed = True
-        _LIVE_ITERATORS.discard(self)
-        if self._pool is not None:
-            self._pool.shutdown()
-        in_flight = [slot for _, slot in getattr(self, "_tasks", {}).values()]
-        self._ring.close(in_flight)
-
-    def __del__(self) -> None:
-        self.shutdown()
+        self._finalizer()
 
     @property
     def worker_pids(self) -> list[int]:

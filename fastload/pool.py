@@ -219,6 +219,9 @@ class WorkerPool:
                 process.kill()
                 process.join(timeout=1.0)
         for conn in self._task_conns + self._result_conns:
-            conn.close()
+            try:
+                conn.close()
+            except OSError:
+                pass
         for name in self._message_names:
             unlink_name(name)  # a worker that died before reading it

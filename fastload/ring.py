@@ -19,8 +19,8 @@ long as the caller holds any view; when the last one dies, the lease returns
 the slot.  A caller that holds every batch of an epoch makes the ring grow: it
 holds at most ``in_flight`` slots that workers may write, plus one per batch
 the caller still holds -- the same memory those batches need anyway.  Free
-slots beyond ``in_flight`` are unlinked as they come back, so memory follows
-what is held.
+slots beyond ``in_flight`` + 2 are unlinked as they come back, so memory
+follows what is held.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ __all__ = ["Segment", "Ring", "SlotLease", "SlotWriter", "SlotInfo", "SharedMemo
 SHM_DIR = "/dev/shm"
 _PAGE = mmap.PAGESIZE
 _GROWTH_HEADROOM = 4  # a regrown slot gets 1/4 more than asked, so shapes that vary settle fast
+# Free slots kept beyond those in flight: a loop holds the batch it works on
+# (and often the previous one) while the next are prefetched, so a ring of
+# in_flight + 2 slots is the steady state; retiring below that would create
+# and unlink segments every epoch.
+_KEPT_SPARE_SLOTS = 2
 
 
 class SharedMemoryError(RuntimeError):
@@ -252,7 +257,7 @@ class Ring:
             slot = self._slots.get(slot_id)
             if slot is None or self.closed:
                 continue
-            if len(self._free) >= self.in_flight:
+            if len(self._free) >= self.in_flight + _KEPT_SPARE_SLOTS:
                 self._retire(slot_id)
             else:
                 self._free.append(slot_id)

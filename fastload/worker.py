@@ -87,7 +87,13 @@ class ExceptionWrapper:
         except Exception:
             # Some exception types need other arguments.
             raise RuntimeError(message) from None
-        raise exception
+        try:
+            raise exception
+        finally:
+            # The traceback holds this frame: without this, exception -> traceback
+            # -> frame -> exception would keep the iterator (and its workers)
+            # alive until the garbage collector runs.
+            del exception
 
 
 class _KeyErrorMessage(str):
