@@ -25,15 +25,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fastload import _core  # noqa: E402
+from fastload.collate import collate_into, default_collate  # noqa: E402
+from results import write_section  # noqa: E402
 
 try:
     import torch
 except ImportError:  # the table then has fastload and numpy only
     torch = None
-
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
 @dataclass
@@ -48,8 +49,10 @@ class Row:
         return f"{others[best] / ours:.2f}x vs {best}"
 
 
-def measure(candidates: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time of each candidate, runs rotated so the order varies."""
+def measure(candidates: dict[str, Callable[[], object]], repeats: int,
+            number: int = 1) -> dict[str, float]:
+    """Median wall time of each candidate (per call, over ``number`` calls a run),
+    runs rotated so the order varies."""
     names = list(candidates)
     for name in names:
         candidates[name]()
@@ -57,9 +60,11 @@ def measure(candidates: dict[str, Callable[[], object]], repeats: int) -> dict[s
     for round_no in range(repeats):
         k = round_no % len(names)
         for name in names[k:] + names[:k]:
+            call = candidates[name]
             start = time.perf_counter()
-            candidates[name]()
-            times[name].append(time.perf_counter() - start)
+            for _ in range(number):
+                call()
+            times[name].append((time.perf_counter() - start) / number)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -107,6 +112,55 @@ def bench_weighted(repeats: int) -> list[Row]:
     return rows
 
 
+def bench_collation(repeats: int) -> list[Row]:
+    """256 samples into one batch: fastload, torch, np.stack; memcpy of the same bytes.
+
+    Two fastload rows: ``default_collate`` (a fresh buffer, as the public
+    function returns) and ``collate_into`` a reused buffer (what a worker does
+    with its ring slot).  ``memcpy`` copies the batch's bytes from one
+    contiguous array into a reused one: the bandwidth limit.
+    """
+    rows = []
+    for shape in ((3, 32, 32), (3, 224, 224)):
+        rng = np.random.default_rng(0)
+        samples = [rng.integers(0, 256, shape, dtype=np.uint8) for _ in range(256)]
+        nbytes = 256 * samples[0].nbytes
+        slot = np.empty(nbytes + 64, dtype=np.uint8)
+        flat_source = np.concatenate([s.ravel() for s in samples])
+        flat_target = np.empty_like(flat_source)
+        candidates = {
+            "fastload": lambda s=samples: default_collate(s),
+            "fastload, reused slot": lambda s=samples, b=slot: collate_into(s, lambda n: b),
+            "numpy": lambda s=samples: np.stack(s),
+            "memcpy": lambda a=flat_source, b=flat_target: np.copyto(b, a),
+        }
+        if torch is not None:
+            tensors = [torch.from_numpy(s) for s in samples]
+            from torch.utils.data import default_collate as torch_collate
+            candidates["torch"] = lambda t=tensors: torch_collate(t)
+            candidates["torch, numpy samples"] = lambda s=samples: torch_collate(s)
+        # Small batches take tens of microseconds: time 200 calls per run.
+        number = 200 if nbytes < 2**22 else 1
+        rows.append(Row(f"collate 256 x {shape} uint8 ({nbytes / 2**20:.1f} MiB)",
+                        measure(candidates, repeats, number)))
+    return rows
+
+
+def format_collation(rows: list[Row]) -> str:
+    impls = ["fastload", "fastload, reused slot", "torch", "torch, numpy samples", "numpy", "memcpy"]
+    lines = ["| task | " + " | ".join(f"{i} (ms)" for i in impls)
+             + " | fastload vs torch | reused slot, % of memcpy bandwidth |",
+             "|---|" + "---:|" * (len(impls) + 2)]
+    for row in rows:
+        t = row.timings
+        cells = [f"{t[i] * 1e3:.3f}" if i in t else "n/a" for i in impls]
+        versus = (f"{t['torch'] / t['fastload']:.1f}x (numpy samples: "
+                  f"{t['torch, numpy samples'] / t['fastload']:.1f}x)") if "torch" in t else "n/a"
+        lines.append(f"| {row.task} | " + " | ".join(cells)
+                     + f" | {versus} | {t['memcpy'] / t['fastload, reused slot']:.0%} |")
+    return "\n".join(lines)
+
+
 NOTES = """\
 Why: `torch.randperm` and numpy's `permutation` are plain Fisher-Yates, one
 cache/TLB miss per swap once the array outgrows the caches; fastload's
@@ -115,6 +169,16 @@ shuffles each in cache, still exactly uniform.  With-replacement weighted
 draws use an alias table (O(1) per draw, rows prefetched in blocks of 64)
 where torch and numpy binary-search a cumulative sum per draw.  All
 fastload kernels are single-threaded; torch may use its intra-op threads."""
+
+
+COLLATION_NOTES = """\
+*fastload* is the public `default_collate` (it returns a fresh buffer, so
+its first touch of the pages is part of the time, as it is for torch and
+`np.stack`); *reused slot* is the same kernel writing into a buffer that is
+reused, which is what a worker does with its ring slot, and is the figure to
+hold against *memcpy* (the same bytes copied between two reused contiguous
+arrays).  *torch* collates tensor samples (`torch.stack`), *torch, numpy
+samples* the numpy arrays a numpy dataset returns."""
 
 
 BENCHMARKS: list[Callable[[int], list[Row]]] = [bench_permutation, bench_randint, bench_weighted]
@@ -148,21 +212,6 @@ def machine() -> str:
             f"Python {platform.python_version()}, numpy {np.__version__}, {torch_part}")
 
 
-def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
-    """Replace (or append) the ``## heading`` section of RESULTS.md, keeping the others."""
-    text = path.read_text() if path.exists() else "# fastload benchmark results\n"
-    marker = f"## {heading}\n"
-    section = f"{marker}\n{body.strip()}\n\n"
-    if marker in text:
-        head, rest = text.split(marker, 1)
-        nxt = rest.find("\n## ")
-        tail = rest[nxt + 1:] if nxt >= 0 else ""
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -173,12 +222,14 @@ def main(argv: list[str] | None = None) -> None:
     for bench in BENCHMARKS:
         rows.extend(bench(args.repeats))
     table = format_table(rows)
-    print(table)
+    collation = format_collation(bench_collation(args.repeats))
+    print(table + "\n\n" + collation)
     if not args.no_write:
-        body = (f"`python bench/bench_kernels.py --repeats {args.repeats}` on {machine()}.\n"
-                f"Median wall time of {args.repeats} rotated runs after a warm-up; "
-                f"speed-up is the faster of numpy and torch over fastload.\n\n{table}\n\n{NOTES}")
-        write_section("Kernels", body)
+        body = (f"## Kernels\n\n`python bench/bench_kernels.py --repeats {args.repeats}` on "
+                f"{machine()}.\nMedian wall time of {args.repeats} rotated runs after a warm-up; "
+                f"speed-up is the faster of numpy and torch over fastload.\n\n{table}\n\n{NOTES}"
+                f"\n\n### Collation\n\n{collation}\n\n{COLLATION_NOTES}")
+        write_section("bench_kernels", body)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,8 @@ import numpy as np
 import psutil
 
 import fastload as fl
+from results import write_section
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-SECTION_START = "<!-- bench_loader:start -->"
-SECTION_END = "<!-- bench_loader:end -->"
 
 
 # ---------------------------------------------------------------------------
@@ -273,20 +271,6 @@ def machine() -> str:
             f"numpy {np.__version__}, torch {torch.__version__}")
 
 
-def write_section(text: str, path: str = RESULTS) -> None:
-    """Replace this script's section of RESULTS.md (other scripts own other sections)."""
-    body = open(path).read() if os.path.exists(path) else "# fastload benchmark results\n"
-    block = f"{SECTION_START}\n{text.rstrip()}\n{SECTION_END}"
-    if SECTION_START in body and SECTION_END in body:
-        head, rest = body.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
-        body = head + block + tail
-    else:
-        body = body.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as handle:
-        handle.write(body)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "array", "dict", "images"],
@@ -328,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(options.json, "w") as handle:
             json.dump(results, handle, indent=2)
     if not options.no_write:
-        write_section(text)
+        write_section("bench_loader", text)
     return 0
 
 

@@ -30,7 +30,7 @@ from multiprocessing import resource_tracker
 from typing import Any, Callable, Iterator
 
 from fastload.collate import default_collate, default_convert, to_torch
-from fastload.dataset import Dataset, IterableDataset
+from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
 from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
 from fastload.ring import Ring, SharedMemoryError

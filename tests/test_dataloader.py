@@ -1,7 +1,6 @@
 """DataLoader in one process: torch's arguments, validation, lengths and batches."""
 
 import collections
-import warnings
 
 import numpy as np
 import pytest

@@ -19,7 +19,6 @@ from fastload.dataset import (
     Dataset,
     IterableDataset,
     SizeMismatchError,
-    StackDataset,
     Subset,
     random_split,
 )

@@ -8,14 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import fastload as fl
 from fastload import ring as ringmod
-from fastload.ring import Ring, Segment, SharedMemoryError, SlotLease, SlotWriter, unlink_name
+from fastload.ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
 from datasets_for_workers import GrowingDataset, SquareDataset
 from leakcheck import shm_entries
 
