@@ -176,13 +176,14 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         _, batch_no, slot_info, indices = message
         allocation = writer.allocator(slot_info)
         try:
-            reply = ("batch", batch_no, slot_info.slot_id, None,
-                     source.make_into(batch_no, indices, allocation))
+            kind, payload = "batch", source.make_into(batch_no, indices, allocation)
         except StopIteration:
-            reply = ("end", batch_no, slot_info.slot_id, None, None)
+            kind, payload = "end", None
         except BaseException:
-            reply = ("error", batch_no, slot_info.slot_id, None, ExceptionWrapper(where))
-        reply = reply[:3] + (allocation.created_name,) + reply[4:]
+            kind, payload = "error", ExceptionWrapper(where)
+        # The created segment is reported even for a failed batch, so the main
+        # process adopts (and later unlinks) it.
+        reply = (kind, batch_no, slot_info.slot_id, allocation.created_name, payload)
         if not _send(result_conn, reply, where):
             break
     result_conn.close()

@@ -207,3 +207,20 @@ def test_batches_are_views_of_a_shared_slot():
     assert isinstance(base, SlotLease)
     assert np.shares_memory(np.asarray(base), batch["x"])
     assert np.shares_memory(np.asarray(base), batch["y"])
+
+
+def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
+    import pickle
+
+    path = tmp_path / "rows.u8"
+    rows = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.uint8, shape=(400, 3, 16, 16))
+    rows[:] = np.arange(400, dtype=np.uint8)[:, None, None, None]
+    rows.flush()
+    data = np.load(str(path), mmap_mode="r")
+    dataset = fl.ArrayDataset(data, np.arange(400))
+    # 307 KB of rows: what a spawn worker receives must be the path, not the bytes.
+    assert len(pickle.dumps(dataset)) < 16_000
+    loader = DataLoader(dataset, batch_size=50, shuffle=True, generator=4, num_workers=2,
+                        multiprocessing_context="spawn")
+    single = DataLoader(dataset, batch_size=50, shuffle=True, generator=4)
+    assert epoch(loader) == epoch(single)

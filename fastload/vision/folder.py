@@ -26,7 +26,7 @@ import numpy as np
 
 from ..dataset import Dataset
 from .decode import decode_planned, default_loader, pil_loader, split_planned_head
-from .sample_table import SampleTable, TargetList
+from .sample_table import SampleTable, SampleTableBuilder, TargetList
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -64,35 +64,69 @@ def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int
     return classes, {name: index for index, name in enumerate(classes)}
 
 
-def _iter_samples(directory: str, class_to_idx: dict[str, int] | None,
-                  extensions: str | tuple[str, ...] | None,
-                  is_valid_file: Callable[[str], bool] | None,
-                  allow_empty: bool) -> Iterator[tuple[str, int]]:
-    """Yield ``(path, class_index)`` in torchvision's order, then check for empty classes."""
+_SEPARATORS = tuple(sep for sep in (os.sep, os.altsep) if sep)
+
+
+def _checks_by_name(extensions: str | tuple[str, ...]) -> bool:
+    """Whether testing the file *name* against ``extensions`` decides as testing the path does.
+
+    ``path.lower().endswith(ext)`` only looks past the name when ``ext`` reaches
+    the separator before it, so any extension holding a separator (or one that
+    is not a string, which must fail as torchvision's check fails) sends every
+    file through ``has_file_allowed_extension`` on its full path instead.
+    """
+    listed = (extensions,) if isinstance(extensions, str) else tuple(extensions)
+    return all(isinstance(ext, str) and not any(sep in ext for sep in _SEPARATORS)
+               for ext in listed)
+
+
+def _scan(directory: str, class_to_idx: dict[str, int] | None,
+          extensions: str | tuple[str, ...] | None,
+          is_valid_file: Callable[[str], bool] | None,
+          allow_empty: bool) -> Iterator[tuple[str, list[str], int]]:
+    """Yield ``(dirpath, kept file names, class_index)`` per directory in torchvision's order.
+
+    The paths torchvision lists are ``os.path.join(dirpath, name)`` for each
+    kept name, in that order.  After the last directory, empty classes are
+    checked as torchvision checks them.
+    """
     if class_to_idx is None:
         _, class_to_idx = find_classes(directory)
     elif not class_to_idx:
         raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
     if (extensions is None) == (is_valid_file is None):
         raise ValueError("Both extensions and is_valid_file cannot be None or not None at the same time")
-    if extensions is not None:
+    by_name = extensions is not None and _checks_by_name(extensions)
+    if by_name:
+        # A lower-cased name ends with an extension exactly when its path does:
+        # the path is "<dir>/<name>", no extension holds a separator, and the
+        # separator also stops str.lower's only context rule (a final sigma).
+        endings = extensions if isinstance(extensions, str) else tuple(extensions)
+    elif extensions is not None:
         allowed = extensions
 
         def is_valid_file(path: str) -> bool:
             return has_file_allowed_extension(path, allowed)
 
     found_classes = set()
+    join = os.path.join
     for class_name in sorted(class_to_idx.keys()):
         class_index = class_to_idx[class_name]
-        class_dir = os.path.join(directory, class_name)
+        class_dir = join(directory, class_name)
         if not os.path.isdir(class_dir):
             continue
         for dirpath, _, filenames in sorted(os.walk(class_dir, followlinks=True)):
-            for filename in sorted(filenames):
-                path = os.path.join(dirpath, filename)
-                if is_valid_file(path):
-                    found_classes.add(class_name)
-                    yield path, class_index
+            filenames.sort()
+            if by_name and join(dirpath, "")[-1:] in _SEPARATORS:
+                kept = [name for name in filenames if name.lower().endswith(endings)]
+            elif by_name:  # a bare drive ("C:") as dirpath: check whole paths as torchvision does
+                kept = [name for name in filenames
+                        if has_file_allowed_extension(join(dirpath, name), extensions)]
+            else:
+                kept = [name for name in filenames if is_valid_file(join(dirpath, name))]
+            if kept:
+                found_classes.add(class_name)
+            yield dirpath, kept, class_index
 
     empty_classes = set(class_to_idx.keys()) - found_classes
     if empty_classes and not allow_empty:
@@ -101,6 +135,37 @@ def _iter_samples(directory: str, class_to_idx: dict[str, int] | None,
             listed = extensions if isinstance(extensions, str) else ", ".join(extensions)
             message += f"Supported extensions are: {listed}"
         raise FileNotFoundError(message)
+
+
+def _iter_samples(directory: str, class_to_idx: dict[str, int] | None,
+                  extensions: str | tuple[str, ...] | None,
+                  is_valid_file: Callable[[str], bool] | None,
+                  allow_empty: bool) -> Iterator[tuple[str, int]]:
+    """Yield ``(path, class_index)`` in torchvision's order, then check for empty classes."""
+    join = os.path.join
+    for dirpath, names, class_index in _scan(directory, class_to_idx, extensions,
+                                             is_valid_file, allow_empty):
+        for name in names:
+            yield join(dirpath, name), class_index
+
+
+def _scan_table(directory: str, class_to_idx: dict[str, int],
+                extensions: str | tuple[str, ...] | None,
+                is_valid_file: Callable[[str], bool] | None,
+                allow_empty: bool) -> SampleTable:
+    """The scan of ``_iter_samples`` packed straight into a ``SampleTable``, a directory at a time."""
+    prefix = os.path.join(directory, "")
+    # Every walked dirpath starts with its class directory; when all of those
+    # lie under the root (no absolute class names), the root is stored once.
+    if not all(os.path.join(directory, name).startswith(prefix) for name in class_to_idx):
+        prefix = ""
+    builder = SampleTableBuilder(prefix)
+    cut = len(prefix)
+    for dirpath, names, class_index in _scan(directory, class_to_idx, extensions,
+                                             is_valid_file, allow_empty):
+        if names:
+            builder.add(os.path.join(dirpath, "")[cut:], names, class_index)
+    return builder.build()
 
 
 def make_dataset(directory: str | os.PathLike, class_to_idx: dict[str, int] | None = None,
@@ -175,8 +240,7 @@ class DatasetFolder(Dataset):
         if type(self).make_dataset is DatasetFolder.make_dataset:
             # Stream the scan straight into the table: no list of a million tuples.
             directory = os.path.expanduser(os.fspath(self.root))
-            scan = _iter_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty)
-            table = SampleTable.from_pairs(scan, prefix=os.path.join(directory, ""))
+            table = _scan_table(directory, class_to_idx, extensions, is_valid_file, allow_empty)
         else:  # a subclass chose its own samples; keep them, compactly
             pairs = self.make_dataset(self.root, class_to_idx=class_to_idx, extensions=extensions,
                                       is_valid_file=is_valid_file, allow_empty=allow_empty)
@@ -227,16 +291,17 @@ class DatasetFolder(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         """``(transform(loader(path)), target_transform(target))`` of sample ``index``."""
-        samples = self._samples
-        path, target = samples.path(index), samples.target(index)
-        transform = self.transform
-        head, rest = (None, ()) if self.loader not in (default_loader, pil_loader) \
-            else split_planned_head(transform)
+        path, target = self._samples.item(index)
+        transform, loader = self.transform, self.loader
+        if transform is not None and (loader is default_loader or loader is pil_loader):
+            head, rest = split_planned_head(transform)
+        else:
+            head = None
         try:
             if head is not None:
                 sample = decode_planned(path, head)
             else:
-                sample = self.loader(path)
+                sample = loader(path)
         except Exception as error:
             raise _error_naming_sample(error, path, index) from error
         if head is not None:

@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["SampleTable", "TargetList"]
+__all__ = ["SampleTable", "SampleTableBuilder", "TargetList"]
+
+_FS_ENCODING = sys.getfilesystemencoding()
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+# Whether an ASCII str encodes to its own code points (true of UTF-8 and every
+# other ASCII-compatible file system encoding); lets the builder skip per-name encoding.
+_ASCII_FS = "".join(map(chr, range(128))).encode(_FS_ENCODING, _FS_ERRORS) == bytes(range(128))
 
 
 class SampleTable(Sequence):
@@ -32,17 +39,30 @@ class SampleTable(Sequence):
     leading directory (the dataset root) is stored once rather than per path.
     """
 
-    __slots__ = ("_prefix", "_path_bytes", "_offsets", "_targets")
+    __slots__ = ("_prefix", "_path_bytes", "_offsets", "_targets",
+                 "_blob", "_ends", "_labels", "_count")
 
-    def __init__(self, prefix: str, path_bytes: np.ndarray, offsets: np.ndarray,
+    def __init__(self, prefix: str, path_bytes: np.ndarray | bytes, offsets: np.ndarray,
                  targets: np.ndarray) -> None:
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        targets = np.ascontiguousarray(targets, dtype=np.int64)
         if offsets.ndim != 1 or targets.ndim != 1 or len(offsets) != len(targets) + 1:
             raise ValueError(f"SampleTable needs len(offsets) == len(targets) + 1, got "
                              f"{len(offsets)} offsets and {len(targets)} targets")
+        blob = _as_bytes(path_bytes)
         self._prefix = prefix
-        self._path_bytes = path_bytes
+        self._blob = blob  # sliced per item: one bytes slice, no numpy scalar
+        self._path_bytes = np.frombuffer(blob, dtype=np.uint8)  # a view of the same bytes
         self._offsets = offsets
         self._targets = targets
+        # Indexing a memoryview of an int64 array gives a Python int directly;
+        # reading through it writes nothing, so forked workers share every page.
+        self._ends = memoryview(offsets)
+        self._labels = memoryview(targets)
+        self._count = len(targets)
+
+    def __reduce__(self):
+        return type(self), (self._prefix, self._blob, self._offsets, self._targets)
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[Any, int]], prefix: str = "") -> "SampleTable":
@@ -77,23 +97,36 @@ class SampleTable(Sequence):
                                 f"{target!r}") from None
         offsets = np.zeros(len(ends) + 1, dtype=np.int64)
         offsets[1:] = np.frombuffer(ends, dtype=np.int64)
-        return cls(os.fsdecode(prefix_bytes), np.frombuffer(path_bytes, dtype=np.uint8),
+        return cls(os.fsdecode(prefix_bytes), bytes(path_bytes),
                    offsets, np.frombuffer(targets, dtype=np.int64).copy())
 
     # -- the list interface -------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._targets)
+        return self._count
+
+    def item(self, index: int) -> tuple[str, int]:
+        """``(path, target)`` of sample ``index`` (negative counts from the end); the fast path."""
+        count = self._count
+        if type(index) is not int:
+            index = self._row(index)
+        elif index < 0:
+            index += count
+            if index < 0:
+                raise IndexError(f"sample index {index - count} is out of range for {count} samples")
+        elif index >= count:
+            raise IndexError(f"sample index {index} is out of range for {count} samples")
+        ends = self._ends
+        return (self._prefix + self._blob[ends[index]:ends[index + 1]].decode(_FS_ENCODING, _FS_ERRORS),
+                self._labels[index])
 
     def path(self, index: int) -> str:
         """The path of sample ``index`` (negative counts from the end)."""
-        row = self._row(index)
-        start, stop = self._offsets[row], self._offsets[row + 1]
-        return self._prefix + os.fsdecode(self._path_bytes[start:stop].tobytes())
+        return self.item(index)[0]
 
     def target(self, index: int) -> int:
         """The target of sample ``index`` as a Python int."""
-        return int(self._targets[self._row(index)])
+        return self._labels[self._row(index)]
 
     @overload
     def __getitem__(self, index: int) -> tuple[str, int]: ...
@@ -103,13 +136,14 @@ class SampleTable(Sequence):
     def __getitem__(self, index):
         if isinstance(index, slice):
             # A slice of a list is a list; so is ours (a copy, as list slicing is).
-            return [self[row] for row in range(*index.indices(len(self)))]
-        row = self._row(index)
-        return self.path(row), int(self._targets[row])
+            return [self.item(row) for row in range(*index.indices(self._count))]
+        return self.item(index)
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
-        for row in range(len(self)):
-            yield self.path(row), int(self._targets[row])
+        prefix, blob, ends, labels = self._prefix, self._blob, self._ends, self._labels
+        for row in range(self._count):
+            yield (prefix + blob[ends[row]:ends[row + 1]].decode(_FS_ENCODING, _FS_ERRORS),
+                   labels[row])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SampleTable):
@@ -131,7 +165,7 @@ class SampleTable(Sequence):
         except TypeError:
             raise TypeError(f"sample indices must be integers or slices, not "
                             f"{type(index).__name__}") from None
-        count = len(self._targets)
+        count = self._count
         if row < 0:
             row += count
         if not 0 <= row < count:
@@ -199,6 +233,78 @@ class TargetList(Sequence):
     def __repr__(self) -> str:
         return repr(self._targets.tolist()) if len(self) <= 20 else \
             f"TargetList({self._targets[:10].tolist()}..., len={len(self)})"
+
+
+class SampleTableBuilder:
+    """Builds a ``SampleTable`` a directory at a time, without per-file numpy or tuples.
+
+    ``add(relative_dir, names, target)`` appends the paths ``prefix +
+    relative_dir + name`` (``relative_dir`` already ends with a separator, or is
+    empty) with one target.  The per-file work is a ``len`` and, for non-ASCII
+    directories only, one encode; offsets and targets are computed with numpy
+    at ``build()``.
+    """
+
+    __slots__ = ("_prefix", "_blocks", "_name_lengths", "_dir_lengths", "_counts", "_dir_targets")
+
+    def __init__(self, prefix: str = "") -> None:
+        self._prefix = prefix
+        self._blocks: list[bytes] = []
+        self._name_lengths = array("q")
+        self._dir_lengths = array("q")
+        self._counts = array("q")
+        self._dir_targets = array("q")
+
+    def add(self, relative_dir: str, names: Sequence[str], target: int) -> None:
+        """Append ``relative_dir + name`` for each of ``names``, all with ``target``."""
+        if not names:
+            return
+        try:
+            target = operator.index(target)
+        except TypeError:
+            raise TypeError(f"{relative_dir!r} has a target that is not an integer: "
+                            f"{target!r}") from None
+        block = relative_dir + relative_dir.join(names)
+        if _ASCII_FS and block.isascii():
+            self._blocks.append(block.encode("ascii"))
+            self._name_lengths.extend(map(len, names))
+            dir_length = len(relative_dir)
+        else:
+            encoded = [name.encode(_FS_ENCODING, _FS_ERRORS) for name in names]
+            encoded_dir = relative_dir.encode(_FS_ENCODING, _FS_ERRORS)
+            self._blocks.append(encoded_dir + encoded_dir.join(encoded))
+            self._name_lengths.extend(map(len, encoded))
+            dir_length = len(encoded_dir)
+        self._dir_lengths.append(dir_length)
+        self._counts.append(len(names))
+        self._dir_targets.append(target)
+
+    def build(self) -> SampleTable:
+        counts = np.frombuffer(self._counts, dtype=np.int64) if self._counts else np.zeros(0, np.int64)
+        lengths = np.frombuffer(self._name_lengths, dtype=np.int64) if self._name_lengths \
+            else np.zeros(0, np.int64)
+        dir_lengths = np.frombuffer(self._dir_lengths, dtype=np.int64) if self._dir_lengths \
+            else np.zeros(0, np.int64)
+        dir_targets = np.frombuffer(self._dir_targets, dtype=np.int64) if self._dir_targets \
+            else np.zeros(0, np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths + np.repeat(dir_lengths, counts), out=offsets[1:])
+        return SampleTable(self._prefix, b"".join(self._blocks), offsets,
+                           np.repeat(dir_targets, counts))
+
+
+def _as_bytes(path_bytes: Any) -> bytes:
+    """The packed path bytes as one ``bytes`` object, reusing it when an array already views one."""
+    if isinstance(path_bytes, bytes):
+        return path_bytes
+    if isinstance(path_bytes, np.ndarray):
+        base = path_bytes.base
+        if (isinstance(base, bytes) and path_bytes.dtype == np.uint8 and path_bytes.ndim == 1
+                and path_bytes.nbytes == len(base) and path_bytes.flags.c_contiguous
+                and path_bytes.ctypes.data == np.frombuffer(base, dtype=np.uint8).ctypes.data):
+            return base
+        return np.ascontiguousarray(path_bytes, dtype=np.uint8).tobytes()
+    return bytes(path_bytes)
 
 
 def _prepend_to_each(prefix: bytes, path_bytes: bytearray, ends: array) -> bytearray:
