@@ -395,7 +395,8 @@ def _release_workers_and_ring(pool: WorkerPool | None, ring: Ring, tasks: dict) 
     """
     try:
         if pool is not None:
-            pool.shutdown()
+            # Idle workers (a finished epoch) are reaped in the background.
+            pool.shutdown(wait=bool(tasks))
     finally:
         ring.close([slot for _, slot in tasks.values()])
 

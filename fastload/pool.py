@@ -22,6 +22,7 @@ import os
 import pickle
 import select
 import signal
+import threading
 import time
 from typing import Any, Sequence
 
@@ -197,8 +198,14 @@ class WorkerPool:
                 dead.join(timeout=1.0)
                 raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
 
-    def shutdown(self) -> None:
-        """Ask every worker to exit, wait a bounded time, then terminate the rest."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Ask every worker to exit; reap them within a bounded time, terminating the rest.
+
+        ``wait=False`` (idle workers, at the end of an epoch) lets a daemon
+        thread do the reaping, so the caller's ``StopIteration`` does not wait
+        for processes to tear down.  Only idle workers may be left to it: a
+        busy one could still be writing a slot the caller is about to unlink.
+        """
         if self._closed:
             return
         self._closed = True
@@ -208,16 +215,11 @@ class WorkerPool:
                     conn.send_bytes(pickle.dumps(None))
                 except OSError:
                     pass  # it is exiting already
-        deadline = time.monotonic() + _JOIN_GRACE
-        for process in self.processes:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=1.0)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=1.0)
+        if wait:
+            _reap(self.processes)
+        else:
+            threading.Thread(target=_reap, args=(self.processes,), daemon=True,
+                             name="fastload-reaper").start()
         for conn in self._task_conns + self._result_conns:
             try:
                 conn.close()
@@ -225,3 +227,17 @@ class WorkerPool:
                 pass
         for name in self._message_names:
             unlink_name(name)  # a worker that died before reading it
+
+
+def _reap(processes: list) -> None:
+    """Join workers that were asked to exit; terminate, then kill, the ones that do not."""
+    deadline = time.monotonic() + _JOIN_GRACE
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=1.0)

@@ -181,6 +181,105 @@ def test_is_valid_file_replaces_extensions(tmp_path):
     assert "classes b." in str(raised.value) and "Supported extensions" not in str(raised.value)
 
 
+def _torchvision_samples(root, extensions):
+    """torchvision's make_dataset, written out: the extension test on the full path."""
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    samples = []
+    for index, name in enumerate(classes):
+        for dirpath, _, filenames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            for filename in sorted(filenames):
+                path = os.path.join(dirpath, filename)
+                if path.lower().endswith(extensions if isinstance(extensions, str) else tuple(extensions)):
+                    samples.append((path, index))
+    return samples
+
+
+def test_extension_reaching_into_the_directory_is_checked_on_the_path(tmp_path):
+    # The scan tests names, not paths, unless an extension holds a separator:
+    # then it must still match across it, as torchvision's path check does.
+    root = str(tmp_path)
+    _tree(root, ["cat/x.png", "cat/sub/a.jpg", "cat/a.jpg", "dog/x.png", "dog/sub/b.jpg"])
+    for extensions in [("t/x.png",), "sub/a.jpg", (".jpg", "g/x.png"), ("/x.png", ".JPG")]:
+        expected = _torchvision_samples(root, extensions)
+        assert expected  # each reaches a path
+        ds = DatasetFolder(root, len, extensions=extensions, allow_empty=True)
+        assert ds.samples == expected, extensions
+        assert make_dataset(root, extensions=extensions, allow_empty=True) == expected
+    assert DatasetFolder(root, len, extensions=("t/x.png",), allow_empty=True).samples == \
+        [(f"{root}/cat/x.png", 0)]
+
+
+def test_name_check_matches_path_check_for_case_folding_edges(tmp_path):
+    # str.lower is per character except a final sigma, whose context the
+    # separator before the name cuts; names whose lower case changes length too.
+    root = str(tmp_path)
+    names = ["Σ", "AΣ", "A.Σ", "ΣΑ", "İ.PNG", "x.İPNG", ".jpg", "JPG", "a.JPEG", "é.png", "a.png.txt",
+             "ǅ.PNG"]
+    for class_name in ["AΣ", "plain", "Σ"]:
+        os.makedirs(f"{root}/{class_name}/sub.Σ")
+        for name in names:
+            write_bytes(f"{root}/{class_name}/{name}", b"")
+            write_bytes(f"{root}/{class_name}/sub.Σ/{name}", b"")
+    with open(os.fsencode(root) + b"/plain/raw\xff.png", "wb"):
+        pass
+    for extensions in [IMG_EXTENSIONS, ("ς",), ("σ",), ("ς", "σ", ".png"), "i̇png", ("png",), ("",), ()]:
+        expected = _torchvision_samples(root, extensions)
+        ds = DatasetFolder(root, len, extensions=extensions, allow_empty=True)
+        assert ds.samples == expected, extensions
+        assert list(ds.targets) == [t for _, t in expected]
+
+
+def test_extensions_that_are_not_strings_fail_as_torchvision_does(tmp_path):
+    _tree(str(tmp_path), ["a/1.jpg"])
+    with pytest.raises(TypeError):
+        DatasetFolder(str(tmp_path), len, extensions=(b".jpg",))
+
+
+def test_class_outside_the_root_stores_full_paths(tmp_path):
+    # A find_classes override may name a class by absolute path: os.path.join
+    # then leaves the root, and the table must not assume the common prefix.
+    root, elsewhere = str(tmp_path / "root"), str(tmp_path / "elsewhere")
+    _tree(root, ["a/1.jpg", "a/2.png"])
+    _tree(elsewhere, ["x/3.jpg"])
+
+    class Outside(ImageFolder):
+        def find_classes(self, directory):
+            return ["a", elsewhere], {"a": 1, elsewhere: 0}
+
+    ds = Outside(root)
+    assert ds.samples == [(f"{elsewhere}/x/3.jpg", 0), (f"{root}/a/1.jpg", 1), (f"{root}/a/2.png", 1)]
+    assert ds.samples._prefix == ""
+    assert ImageFolder(root).samples._prefix == root + "/"
+
+
+def test_all_classes_empty_gives_an_empty_table(tmp_path):
+    _tree(str(tmp_path), ["a/1.txt", "b/2.txt"])
+    ds = ImageFolder(str(tmp_path), allow_empty=True)
+    assert len(ds) == 0 and list(ds.samples) == [] and ds.samples == [] and list(ds.targets) == []
+    with pytest.raises(IndexError):
+        ds[0]
+
+
+def test_sample_table_item_indexing_and_construction():
+    pairs = [("/r/a/ü.jpg", 3), ("/r/b/x.png", 1), ("/r/c/y.png", 2)]
+    table = SampleTable.from_pairs(pairs, prefix="/r/")
+    assert [table.item(i) for i in range(-3, 3)] == pairs + pairs
+    assert table.item(np.int64(1)) == pairs[1] and table.item(True) == pairs[1]
+    assert type(table.item(0)[1]) is int and type(table.target(-1)) is int
+    for bad in (3, -4, 10**20, -(10**20)):
+        with pytest.raises(IndexError, match=f"sample index {bad} is out of range for 3 samples"):
+            table.item(bad)
+    with pytest.raises(TypeError):
+        table.item(1.0)
+    # Built from arrays that do not view a bytes object (a copy is taken), or from bytes.
+    blob = np.frombuffer(b"xxa.jpgb.png", dtype=np.uint8)[2:]
+    for path_bytes in (blob, blob.copy(), bytes(blob), np.array(blob, dtype=np.int64)):
+        other = SampleTable("/q/", path_bytes, np.array([0, 5, 10]), np.array([0, 1], dtype=np.int32))
+        assert other == [("/q/a.jpg", 0), ("/q/b.png", 1)]
+        assert pickle.loads(pickle.dumps(other)) == other
+        assert other._targets.dtype == np.int64
+
+
 def test_extensions_and_is_valid_file_both_or_neither_is_an_error(tmp_path):
     _tree(str(tmp_path), ["a/1.jpg"])
     message = "Both extensions and is_valid_file cannot be None or not None at the same time"
@@ -431,8 +530,10 @@ def _private_growth_after_reading(samples, connection):
 
     me = psutil.Process()
     before = me.memory_full_info().uss
-    for path, target in samples:  # what a worker's __getitem__ calls amount to
+    for path, target in samples:  # iteration
         pass
+    for index in range(len(samples)):  # what a worker's __getitem__ calls amount to
+        path, target = samples[index]
     connection.send(me.memory_full_info().uss - before)
 
 
