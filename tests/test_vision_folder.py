@@ -530,10 +530,10 @@ def _private_growth_after_reading(samples, connection):
 
     me = psutil.Process()
     before = me.memory_full_info().uss
-    for path, target in samples:  # iteration
+    for _path, _target in samples:  # iteration
         pass
     for index in range(len(samples)):  # what a worker's __getitem__ calls amount to
-        path, target = samples[index]
+        _path, _target = samples[index]
     connection.send(me.memory_full_info().uss - before)
 
 

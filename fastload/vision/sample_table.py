@@ -39,8 +39,8 @@ class SampleTable(Sequence):
     leading directory (the dataset root) is stored once rather than per path.
     """
 
-    __slots__ = ("_prefix", "_path_bytes", "_offsets", "_targets",
-                 "_blob", "_ends", "_labels", "_count")
+    __slots__ = ("_blob", "_count", "_ends", "_labels", "_offsets", "_path_bytes", "_prefix",
+                 "_targets")
 
     def __init__(self, prefix: str, path_bytes: np.ndarray | bytes, offsets: np.ndarray,
                  targets: np.ndarray) -> None:
@@ -245,11 +245,11 @@ class SampleTableBuilder:
     at ``build()``.
     """
 
-    __slots__ = ("_prefix", "_blocks", "_name_lengths", "_dir_lengths", "_counts", "_dir_targets")
+    __slots__ = ("_buffer", "_counts", "_dir_lengths", "_dir_targets", "_name_lengths", "_prefix")
 
     def __init__(self, prefix: str = "") -> None:
         self._prefix = prefix
-        self._blocks: list[bytes] = []
+        self._buffer = bytearray()  # one growing buffer: no per-directory blocks left on the heap
         self._name_lengths = array("q")
         self._dir_lengths = array("q")
         self._counts = array("q")
@@ -266,13 +266,14 @@ class SampleTableBuilder:
                             f"{target!r}") from None
         block = relative_dir + relative_dir.join(names)
         if _ASCII_FS and block.isascii():
-            self._blocks.append(block.encode("ascii"))
+            self._buffer += block.encode("ascii")
             self._name_lengths.extend(map(len, names))
             dir_length = len(relative_dir)
         else:
             encoded = [name.encode(_FS_ENCODING, _FS_ERRORS) for name in names]
             encoded_dir = relative_dir.encode(_FS_ENCODING, _FS_ERRORS)
-            self._blocks.append(encoded_dir + encoded_dir.join(encoded))
+            self._buffer += encoded_dir
+            self._buffer += encoded_dir.join(encoded)
             self._name_lengths.extend(map(len, encoded))
             dir_length = len(encoded_dir)
         self._dir_lengths.append(dir_length)
@@ -289,8 +290,9 @@ class SampleTableBuilder:
             else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths + np.repeat(dir_lengths, counts), out=offsets[1:])
-        return SampleTable(self._prefix, b"".join(self._blocks), offsets,
-                           np.repeat(dir_targets, counts))
+        blob = bytes(self._buffer)
+        self._buffer = bytearray()
+        return SampleTable(self._prefix, blob, offsets, np.repeat(dir_targets, counts))
 
 
 def _as_bytes(path_bytes: Any) -> bytes:
