@@ -9,16 +9,19 @@ Workloads (the figures of issues #2, #3 and #4):
   ToArray, batch 64 (torch runs the same Pillow pipeline, converted like
   torchvision's PILToTensor).
 
-Every epoch runs in a fresh child process that imports only its own library
-(a fastload user does not import torch), so time to first batch includes
-worker start-up and peak memory is what that user's processes hold: PSS
-summed over the child and its workers, sampled by this parent process from
-/proc every 20 ms.  Both loaders run in alternating rounds (A B, B A, ...) and
-medians are reported.  The *limit* is the single-process rate of the same
-pipeline with no loader at all (getitem + default_collate in a plain loop)
-times the number of workers.
+Each round is a fresh child process that imports only its own library (a
+fastload user does not import torch) and iterates one DataLoader for a few
+epochs, new workers every epoch (the default): samples/s is the median of the
+epochs after the first, time to first batch is from DataLoader construction
+(worker start-up included).  Both loaders run in alternating rounds (A B,
+B A, ...) and medians are reported.  Peak memory is PSS summed over the child
+and its workers, polled from /proc every 20 ms by this process in one extra
+run per library (polling costs CPU, so the timed rounds do without).  The
+*limit* is the single-process rate of the loader's own batch code (fetch +
+collate, or the ArrayDataset gather) with no loader at all, times the number
+of workers.
 
-    python bench/bench_loader.py                      # all workloads, 2 workers and 0
+    python bench/bench_loader.py --workers 0 2        # all workloads, 0 and 2 workers
     python bench/bench_loader.py --workloads tiny dict --workers 2 --rounds 5
 """
 
@@ -189,7 +192,13 @@ def tree_pss(root: psutil.Process) -> int:
 
 
 def run_child(name: str, framework: str, workers: int, image_root: str | None,
-              epochs: int) -> dict:
+              epochs: int, sample_memory: bool) -> dict:
+    """One child run; with ``sample_memory`` this process polls its PSS meanwhile.
+
+    Polling reads /proc for every process of the tree, which costs CPU the
+    loaders compete for on a small machine; so throughput rounds do not poll,
+    and memory comes from a separate run.
+    """
     command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, str(workers),
                "--epochs", str(epochs)]
     if image_root:
@@ -200,10 +209,11 @@ def run_child(name: str, framework: str, workers: int, image_root: str | None,
     peak = tree_pss(process)
     child.stdin.write("go\n")
     child.stdin.flush()
-    while child.poll() is None:
+    while sample_memory and child.poll() is None:
         peak = max(peak, tree_pss(process))
         time.sleep(0.02)
     output = child.stdout.read()
+    child.wait()
     if child.returncode != 0:
         raise RuntimeError(f"child {name}/{framework}/{workers} failed with {child.returncode}")
     result = json.loads(output.strip().splitlines()[-1])
@@ -212,15 +222,23 @@ def run_child(name: str, framework: str, workers: int, image_root: str | None,
 
 
 def pipeline_rate(workload: Workload, batches: int = 40) -> float:
-    """Samples/s of getitem + default_collate in a plain loop: one core, no loader."""
+    """Samples/s of the loader's own batch code (fetch + collate) in a plain loop: one core.
+
+    ``BatchSource.make`` is what the loader runs per batch in one process (for
+    an ArrayDataset, its gather kernel), without sampler, iterator or workers.
+    """
+    from fastload.collate import default_collate
+    from fastload.fetch import BatchSource
+
     dataset = workload.pipeline()
-    order = np.random.default_rng(0).permutation(len(dataset))
     bs = workload.batch_size
+    source = BatchSource(dataset, False, True, default_collate, bs, False)
+    source.start_epoch(0)
+    order = np.random.default_rng(0).permutation(len(dataset))
     batches = min(batches, len(dataset) // bs)
     start = time.perf_counter()
     for b in range(batches):
-        keys = order[b * bs:(b + 1) * bs].tolist()
-        fl.default_collate([dataset[k] for k in keys])
+        source.make(b, order[b * bs:(b + 1) * bs])
     return batches * bs / (time.perf_counter() - start)
 
 
@@ -229,16 +247,19 @@ def measure(name: str, workers: int, rounds: int, image_root: str | None, epochs
     order = ["fastload", "torch"]
     for round_no in range(rounds + 1):  # round 0 warms the page cache, not counted
         for framework in (order if round_no % 2 == 0 else order[::-1]):
-            result = run_child(name, framework, workers, image_root, epochs)
+            result = run_child(name, framework, workers, image_root, epochs, sample_memory=False)
             if round_no > 0:
                 runs[framework].append(result)
+    peaks = {framework: run_child(name, framework, workers, image_root, epochs,
+                                  sample_memory=True)["peak_pss_mib"] for framework in order}
     workload = build_workload(name, "fastload", image_root)
     single = statistics.median(pipeline_rate(workload) for _ in range(3))
     result = {"workload": name, "workers": workers, "batch_size": workload.batch_size}
     for framework in order:
         result[framework] = {key: statistics.median(r[key] for r in runs[framework])
-                             for key in ("samples_per_s", "first_batch_s", "peak_pss_mib",
+                             for key in ("samples_per_s", "first_batch_s",
                                          "first_epoch_samples_per_s")}
+        result[framework]["peak_pss_mib"] = peaks[framework]
         result[framework]["rounds"] = [round(r["samples_per_s"]) for r in runs[framework]]
     result["ratio"] = result["fastload"]["samples_per_s"] / result["torch"]["samples_per_s"]
     result["pipeline_one_core"] = single
@@ -303,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             f"its own library and iterates one DataLoader for {options.epochs} epochs (new workers "
             f"every epoch, the default): samples/s is the median of the epochs after the first, "
             f"first batch is measured from DataLoader construction in the first epoch (worker "
-            f"start-up included), peak PSS sums the process and its workers over the run. "
-            f"*limit* = single-process rate of the same getitem + default_collate pipeline with "
-            f"no loader, times the worker count.\n\n"
+            f"start-up included), peak PSS sums the process and its workers, polled every 20 ms in "
+            f"one more run per library (polling is left out of the timed rounds: it costs CPU). "
+            f"*limit* = single-process rate of the loader's own batch code (fetch + collate, or the "
+            f"ArrayDataset gather) with no loader, times the worker count.\n\n"
             + table(results) + "\n")
     print("\n" + text)
     if options.json:

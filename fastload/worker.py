@@ -5,8 +5,9 @@ pipe; array bytes never travel through either (they go into ring slots):
 
 * ``("epoch", base_seed)``: a new epoch starts (new transform seeds, an
   IterableDataset starts over);
-* ``("batch", batch_no, slot_info, indices)``: make batch ``batch_no`` in
-  the slot; the answer is ``("batch" | "end" | "error", batch_no, slot_id,
+* ``("batch", batch_no, slot, packed, indices)``: make batch ``batch_no`` in
+  the slot (``packed``: the indices are an int64 array's bytes); the answer
+  is ``("batch" | "end" | "error", batch_no, slot_id,
   created_segment_name, layout_or_error)``;
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
 * ``("indirect", name, size)``: the real message waits in shared memory;
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from fastload.fetch import BatchSource
-from fastload.ring import Segment, SlotWriter
+from fastload.ring import Segment, SlotInfo, SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop",
            "LIVENESS_INTERVAL"]
@@ -173,7 +174,10 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         if kind == "retire":
             writer.forget(message[1], message[2])
             continue
-        _, batch_no, slot_info, indices = message
+        _, batch_no, slot, packed, indices = message
+        slot_info = SlotInfo(*slot)
+        if packed:  # an int64 index array, sent as its bytes
+            indices = np.frombuffer(indices, dtype=np.int64)
         allocation = writer.allocator(slot_info)
         try:
             kind, payload = "batch", source.make_into(batch_no, indices, allocation)
