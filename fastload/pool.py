@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import select
 import signal
 import threading
@@ -218,8 +219,7 @@ class WorkerPool:
         if wait:
             _reap(self.processes)
         else:
-            threading.Thread(target=_reap, args=(self.processes,), daemon=True,
-                             name="fastload-reaper").start()
+            _background_reaper().put(self.processes)
         for conn in self._task_conns + self._result_conns:
             try:
                 conn.close()
@@ -227,6 +227,28 @@ class WorkerPool:
                 pass
         for name in self._message_names:
             unlink_name(name)  # a worker that died before reading it
+
+
+_reaper: tuple[int, queue.SimpleQueue] | None = None  # (owning pid, its queue)
+_reaper_lock = threading.Lock()
+
+
+def _background_reaper() -> queue.SimpleQueue:
+    """The queue of one daemon thread that reaps idle workers (started on first use:
+    starting a thread per epoch would cost the caller more than the reaping)."""
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None or _reaper[0] != os.getpid():  # a forked child needs its own
+            processes_queue: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_reap_forever, args=(processes_queue,), daemon=True,
+                             name="fastload-reaper").start()
+            _reaper = (os.getpid(), processes_queue)
+        return _reaper[1]
+
+
+def _reap_forever(processes_queue: queue.SimpleQueue) -> None:
+    while True:
+        _reap(processes_queue.get())
 
 
 def _reap(processes: list) -> None:
