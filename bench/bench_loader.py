@@ -11,9 +11,9 @@ Workloads (the figures of issues #2, #3 and #4):
 
 Each round is a fresh child process that imports only its own library (a
 fastload user does not import torch) and iterates one DataLoader for a few
-epochs, new workers every epoch (the default): samples/s is the median of the
-epochs after the first, time to first batch is from DataLoader construction
-(worker start-up included).  Both loaders run in alternating rounds (A B,
+epochs, new workers every epoch (the default; "2p" rows keep persistent
+workers): samples/s is the median of the epochs after the first, time to
+first batch is from DataLoader construction (worker start-up included).  Both loaders run in alternating rounds (A B,
 B A, ...) and medians are reported.  Peak memory is PSS summed over the child
 and its workers, polled from /proc every 20 ms by this process in one extra
 run per library (polling costs CPU, so the timed rounds do without).  The
@@ -21,7 +21,7 @@ run per library (polling costs CPU, so the timed rounds do without).  The
 collate, or the ArrayDataset gather) with no loader at all, times the number
 of workers.
 
-    python bench/bench_loader.py --workers 0 2        # all workloads, 0 and 2 workers
+    python bench/bench_loader.py --workers 0 2 2p     # all workloads; 2p: persistent workers
     python bench/bench_loader.py --workloads tiny dict --workers 2 --rounds 5
 """
 
@@ -128,8 +128,16 @@ def batch_length(batch: Any) -> int:
     return len(batch)
 
 
-def make_loader(framework: str, workload: Workload, workers: int) -> Any:
-    common = dict(batch_size=workload.batch_size, shuffle=True, num_workers=workers)
+def parse_workers(token: str) -> tuple[int, bool]:
+    """``"2"``: two workers; ``"2p"``: two persistent workers."""
+    persistent = token.endswith("p")
+    return int(token[:-1] if persistent else token), persistent
+
+
+def make_loader(framework: str, workload: Workload, workers: str) -> Any:
+    count, persistent = parse_workers(workers)
+    common = dict(batch_size=workload.batch_size, shuffle=True, num_workers=count,
+                  persistent_workers=persistent)
     if framework == "fastload":
         return fl.DataLoader(workload.make_fastload(), generator=0, **common)
     import torch
@@ -138,12 +146,13 @@ def make_loader(framework: str, workload: Workload, workers: int) -> Any:
                                        generator=torch.Generator().manual_seed(0), **common)
 
 
-def child_epochs(name: str, framework: str, workers: int, image_root: str | None,
+def child_epochs(name: str, framework: str, workers: str, image_root: str | None,
                  epochs: int) -> dict:
     """In the child process: build the workload, signal readiness, run ``epochs`` epochs.
 
     One loader is iterated ``epochs`` times, as a training script does (without
-    persistent_workers, so every epoch starts its workers again).  The first
+    persistent workers, unless ``workers`` ends in "p", every epoch starts its
+    workers again).  The first
     epoch gives the time to first batch (worker start-up included); the rate
     is the median over the later epochs, once one-time costs (imports, page
     cache, helper processes) are paid by both libraries.
@@ -191,7 +200,7 @@ def tree_pss(root: psutil.Process) -> int:
     return sum(_pss_bytes(p.pid) for p in processes)
 
 
-def run_child(name: str, framework: str, workers: int, image_root: str | None,
+def run_child(name: str, framework: str, workers: str, image_root: str | None,
               epochs: int, sample_memory: bool) -> dict:
     """One child run; with ``sample_memory`` this process polls its PSS meanwhile.
 
@@ -199,7 +208,7 @@ def run_child(name: str, framework: str, workers: int, image_root: str | None,
     loaders compete for on a small machine; so throughput rounds do not poll,
     and memory comes from a separate run.
     """
-    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, str(workers),
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, workers,
                "--epochs", str(epochs)]
     if image_root:
         command += ["--image-root", image_root]
@@ -242,7 +251,7 @@ def pipeline_rate(workload: Workload, batches: int = 40) -> float:
     return batches * bs / (time.perf_counter() - start)
 
 
-def measure(name: str, workers: int, rounds: int, image_root: str | None, epochs: int) -> dict:
+def measure(name: str, workers: str, rounds: int, image_root: str | None, epochs: int) -> dict:
     runs: dict[str, list[dict]] = {"fastload": [], "torch": []}
     order = ["fastload", "torch"]
     for round_no in range(rounds + 1):  # round 0 warms the page cache, not counted
@@ -263,7 +272,7 @@ def measure(name: str, workers: int, rounds: int, image_root: str | None, epochs
         result[framework]["rounds"] = [round(r["samples_per_s"]) for r in runs[framework]]
     result["ratio"] = result["fastload"]["samples_per_s"] / result["torch"]["samples_per_s"]
     result["pipeline_one_core"] = single
-    result["limit"] = single * max(1, workers)
+    result["limit"] = single * max(1, parse_workers(workers)[0])
     result["efficiency"] = result["fastload"]["samples_per_s"] / result["limit"]
     return result
 
@@ -296,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "array", "dict", "images"],
                         choices=["tiny", "array", "dict", "images"])
-    parser.add_argument("--workers", nargs="+", type=int, default=[2])
+    parser.add_argument("--workers", nargs="+", default=["2"],
+                        help="worker counts; a trailing p means persistent_workers, e.g. 0 2 2p")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per child process")
     parser.add_argument("--image-root", default=None, help="an ImageFolder (default: synthetic)")
@@ -307,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.child:
         name, framework, workers = options.child
-        print(json.dumps(child_epochs(name, framework, int(workers), options.image_root,
+        print(json.dumps(child_epochs(name, framework, workers, options.image_root,
                                       options.epochs)))
         return 0
 
@@ -322,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Median of {options.rounds} alternating rounds (fastload, torch, then torch, "
             f"fastload, ...) after a warm-up round. Each round is a fresh process that imports only "
             f"its own library and iterates one DataLoader for {options.epochs} epochs (new workers "
-            f"every epoch, the default): samples/s is the median of the epochs after the first, "
+            f"every epoch, the default; workers `2p` = persistent_workers=True): samples/s is the "
+            f"median of the epochs after the first, "
             f"first batch is measured from DataLoader construction in the first epoch (worker "
             f"start-up included), peak PSS sums the process and its workers, polled every 20 ms in "
             f"one more run per library (polling is left out of the timed rounds: it costs CPU). "
