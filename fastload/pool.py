@@ -18,6 +18,7 @@ thread costs a GIL hand-off per batch in the main process.)
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import queue
@@ -116,6 +117,15 @@ class WorkerPool:
         self._message_names: list[str] = []
         self._max_task_bytes = _DEFAULT_PIPE_BYTES
         parent_pid = os.getpid()
+        # NOTE [ Freezing the heap for fork ]
+        # A forked worker's garbage collector walks every object it inherited,
+        # writing to their pages, so each worker would copy much of the parent's
+        # heap page by page.  Objects frozen at fork time are never walked; the
+        # parent unfreezes its own right after.  A caller that froze objects
+        # itself keeps managing that.
+        freeze = context.get_start_method() == "fork" and gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
         try:
             for worker_id in range(num_workers):
                 task_reader, task_writer = context.Pipe(duplex=False)
@@ -145,6 +155,9 @@ class WorkerPool:
         except BaseException:
             self.shutdown()
             raise
+        finally:
+            if freeze:
+                gc.unfreeze()
 
     @property
     def pids(self) -> list[int]:
