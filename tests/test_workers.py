@@ -224,3 +224,27 @@ def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
                         multiprocessing_context="spawn")
     single = DataLoader(dataset, batch_size=50, shuffle=True, generator=4)
     assert epoch(loader) == epoch(single)
+
+
+def test_forking_workers_leaves_the_callers_gc_freeze_state_alone():
+    import gc
+
+    class FrozenCount(fl.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return gc.get_freeze_count()
+
+    assert gc.get_freeze_count() == 0
+    # Workers inherit the heap frozen (their GC does not walk, and so copy, it) ...
+    counts = [b.tolist() for b in DataLoader(FrozenCount(), batch_size=2, num_workers=2)]
+    assert all(c > 0 for batch in counts for c in batch)
+    # ... and the parent gets its own objects back.
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        list(DataLoader(FrozenCount(), batch_size=2, num_workers=2))
+        assert gc.get_freeze_count() > 0  # a caller's own freeze is kept, not undone
+    finally:
+        gc.unfreeze()
