@@ -6,31 +6,8 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from batch_compare import assert_same, assert_same_as_torch
 from fastload.dataloader import DataLoader
-
-
-def assert_same_batch(ours, theirs, path="batch"):
-    """Structure, types, dtypes and values of a fastload batch equal torch's."""
-    import torch
-
-    if isinstance(theirs, torch.Tensor):
-        assert isinstance(ours, np.ndarray), f"{path}: {type(ours)}"
-        expected = theirs.numpy()
-        assert ours.dtype == expected.dtype, f"{path}: {ours.dtype} != {expected.dtype}"
-        assert ours.shape == expected.shape, f"{path}: {ours.shape} != {expected.shape}"
-        np.testing.assert_array_equal(ours, expected, err_msg=path)
-        return
-    assert type(ours) is type(theirs), f"{path}: {type(ours)} != {type(theirs)}"
-    if isinstance(theirs, dict):
-        assert list(ours) == list(theirs), path
-        for key in theirs:
-            assert_same_batch(ours[key], theirs[key], f"{path}[{key!r}]")
-    elif isinstance(theirs, (list, tuple)):
-        assert len(ours) == len(theirs), path
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            assert_same_batch(a, b, f"{path}[{i}]")
-    else:
-        assert ours == theirs, path
 
 
 Point = collections.namedtuple("Point", "x y")
@@ -78,7 +55,7 @@ def test_sequential_batches_match_torch(torch, batch_size, drop_last):
     assert len(ours) == len(theirs)
     assert len(DataLoader(ds, batch_size=batch_size, drop_last=drop_last)) == len(theirs)
     for a, b in zip(ours, theirs):
-        assert_same_batch(a, b)
+        assert_same_as_torch(a, b)
 
 
 def test_batch_size_none_uses_default_convert(torch):
@@ -116,7 +93,7 @@ def test_array_dataset_matches_tensor_dataset(torch):
         batch_size=16))
     assert len(ours) == len(theirs) == 7
     for a, b in zip(ours, theirs):
-        assert_same_batch(a, b)
+        assert_same_as_torch(a, b)
 
 
 def test_array_dataset_fast_path_equals_per_sample_path():
@@ -141,23 +118,7 @@ def test_array_dataset_fast_path_equals_per_sample_path():
         slow = list(DataLoader(PerSample(dataset), batch_size=32, shuffle=True, generator=3))
         assert len(fast) == len(slow)
         for a, b in zip(fast, slow):
-            assert_batches_equal(a, b)
-
-
-def assert_batches_equal(a, b):
-    if isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for key in a:
-            assert_batches_equal(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_batches_equal(x, y)
-    else:
-        assert a == b
+            assert_same(a, b)
 
 
 def test_seeded_shuffle_is_reproducible_and_differs_by_epoch_and_seed():

@@ -1,0 +1,65 @@
+"""Comparing batches: fastload's against torch's, and fastload's against numpy references."""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+
+import numpy as np
+
+
+def _is_tensor(obj) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+
+
+def assert_same_as_torch(ours, theirs, path="batch"):
+    """``ours`` (numpy) is ``theirs`` (torch) with arrays in place of tensors."""
+    if _is_tensor(theirs):
+        expected = theirs.numpy()
+        assert isinstance(ours, np.ndarray), f"{path}: {type(ours)} is not an ndarray"
+        assert ours.dtype == expected.dtype, f"{path}: dtype {ours.dtype} != torch's {expected.dtype}"
+        assert ours.shape == expected.shape, f"{path}: shape {ours.shape} != torch's {expected.shape}"
+        np.testing.assert_array_equal(ours, expected, err_msg=path)
+        return
+    if isinstance(theirs, collections.abc.Mapping):
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+        assert list(ours.keys()) == list(theirs.keys()), path
+        if isinstance(theirs, collections.defaultdict):
+            assert ours.default_factory is theirs.default_factory, path
+        for key in theirs:
+            assert_same_as_torch(ours[key], theirs[key], f"{path}[{key!r}]")
+        return
+    if isinstance(theirs, tuple) and hasattr(theirs, "_fields"):
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_same_as_torch(a, b, f"{path}[{i}]")
+        return
+    if isinstance(theirs, (str, bytes)) or not isinstance(theirs, collections.abc.Sequence):
+        assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+        assert ours == theirs or (ours != ours and theirs != theirs), path  # NaN == NaN
+        return
+    # A sequence: the same container type (a batch of strings inside a
+    # sequence comes back as zip's tuple in both).
+    assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
+    assert len(ours) == len(theirs), path
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_same_as_torch(a, b, f"{path}[{i}]")
+
+
+def assert_same(ours, expected, path="batch"):
+    """``ours`` equals the numpy-land ``expected`` exactly (types, dtypes, values)."""
+    assert type(ours) is type(expected), f"{path}: {type(ours)} is not {type(expected)}"
+    if isinstance(expected, np.ndarray):
+        assert ours.dtype == expected.dtype, f"{path}: {ours.dtype} != {expected.dtype}"
+        assert ours.shape == expected.shape, f"{path}: {ours.shape} != {expected.shape}"
+        np.testing.assert_array_equal(ours, expected, err_msg=path)
+    elif isinstance(expected, collections.abc.Mapping):
+        assert list(ours.keys()) == list(expected.keys()), path
+        for key in expected:
+            assert_same(ours[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(ours) == len(expected), path
+        for i, (a, b) in enumerate(zip(ours, expected)):
+            assert_same(a, b, f"{path}[{i}]")
+    else:
+        assert ours == expected or (ours != ours and expected != expected), path
