@@ -31,13 +31,13 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from batch_compare import assert_same, assert_same_as_torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import fastload
 from fastload import default_collate, default_convert
-from batch_compare import assert_same, assert_same_as_torch
 
 ERR_START = ("default_collate: batch must contain tensors, numpy arrays, numbers, "
              "dicts or lists; found")

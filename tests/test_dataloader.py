@@ -4,11 +4,10 @@ import collections
 
 import numpy as np
 import pytest
+from batch_compare import assert_same, assert_same_as_torch
 
 import fastload as fl
-from batch_compare import assert_same, assert_same_as_torch
 from fastload.dataloader import DataLoader
-
 
 Point = collections.namedtuple("Point", "x y")
 
