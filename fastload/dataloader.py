@@ -388,7 +388,7 @@ class _SingleProcessIter(_BaseIter):
         return self._deliver(batch)
 
 
-def _release_workers_and_ring(pool: WorkerPool | None, ring: Ring, tasks: dict) -> None:
+def _release_workers_and_ring(pool: WorkerPool, ring: Ring, tasks: dict) -> None:
     """Stop the workers, then unlink every segment (also the ones a worker was regrowing).
 
     Run by a ``weakref.finalize``: it holds the pool and the ring, never the
@@ -396,9 +396,8 @@ def _release_workers_and_ring(pool: WorkerPool | None, ring: Ring, tasks: dict) 
     collected (even inside a reference cycle) or at interpreter exit.
     """
     try:
-        if pool is not None:
-            # Idle workers (a finished epoch) are reaped in the background.
-            pool.shutdown(wait=bool(tasks))
+        # Idle workers (a finished epoch) are reaped in the background.
+        pool.shutdown(wait=bool(tasks))
     finally:
         ring.close([slot for _, slot in tasks.values()])
 
@@ -415,11 +414,8 @@ class _MultiProcessIter(_BaseIter):
         self._timeout = loader.timeout if loader.timeout > 0 else None
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
-        self._pool = None
         self._ring = Ring(in_flight=self._num_workers * self._prefetch)
         self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
-        self._finalizer = weakref.finalize(self, _release_workers_and_ring, None, self._ring,
-                                           self._tasks)
         source_args = (loader._iterable, loader._auto_collation, loader.collate_fn,
                        loader.batch_size, loader.drop_last)
         named = [("dataset", loader.dataset), ("batch settings and collate_fn", source_args),
@@ -432,9 +428,9 @@ class _MultiProcessIter(_BaseIter):
         # its segments to this one tracker (a worker must never start its own:
         # it would unlink our segments when that worker exits).
         resource_tracker.ensure_running()
+        # (A failing WorkerPool stops the workers it started; the ring is still empty.)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 message_prefix=self._ring.prefix)
-        self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, self._pool, self._ring,
                                            self._tasks)
         self._start_dispatch(base_seed)
@@ -599,4 +595,4 @@ class _MultiProcessIter(_BaseIter):
 
     @property
     def worker_pids(self) -> list[int]:
-        return self._pool.pids if self._pool is not None else []
+        return self._pool.pids
