@@ -39,6 +39,7 @@ __all__ = [
     "Value",
     "plan_collate",
     "collate_into",
+    "private_buffer",
     "pack_into",
     "to_torch",
 ]
@@ -466,11 +467,12 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     return False
 
 
-def _private_buffer(nbytes: int) -> np.ndarray:
+def private_buffer(nbytes: int) -> np.ndarray:
+    """A fresh flat buffer: the ``allocate`` of batches made outside the ring."""
     return np.empty(nbytes, dtype=np.uint8)
 
 
-def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = _private_buffer
+def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = private_buffer
                  ) -> tuple[BatchLayout, np.ndarray]:
     """Collate ``samples`` as ``default_collate`` does, into a buffer from ``allocate``.
 
@@ -544,7 +546,7 @@ def _plan_packing(obj: Any, sources: list) -> Any:
     return Value(obj)
 
 
-def pack_into(obj: Any, allocate: Callable[[int], np.ndarray] = _private_buffer
+def pack_into(obj: Any, allocate: Callable[[int], np.ndarray] = private_buffer
               ) -> tuple[BatchLayout, np.ndarray]:
     """Lay out any batch (e.g. a custom collate_fn's output) and copy its arrays in.
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from fastload import _core
 from fastload.collate import (BatchLayout, ArraySlot, SequenceNode, collate_into, default_collate,
-                              pack_into)
+                              pack_into, private_buffer)
 from fastload.dataset import ArrayDataset, Subset
 from fastload.rng import seed_transform_rng
 
@@ -130,7 +130,7 @@ class BatchSource:
         """One batch as the caller sees it (single-process loading)."""
         seed_transform_rng(self._base_seed, batch_no)
         if self._arrays is not None:
-            layout, buffer = self._gather_arrays(indices, _private_buffer)
+            layout, buffer = self._gather_arrays(indices, private_buffer)
             return layout.build(buffer)
         return self.collate_fn(self._fetch(indices))
 
@@ -144,7 +144,3 @@ class BatchSource:
         if self.default_collate:
             return collate_into(data, allocate)[0]
         return pack_into(self.collate_fn(data), allocate)[0]
-
-
-def _private_buffer(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, dtype=np.uint8)
