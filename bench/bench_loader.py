@@ -195,8 +195,6 @@ def tree_pss(root: psutil.Process) -> int:
         processes = [root] + root.children(recursive=True)
     except psutil.Error:
         return 0
-    # The resource tracker is a helper of either library's, not a worker: count only
-    # the child and its worker processes.
     return sum(_pss_bytes(p.pid) for p in processes)
 
 

@@ -20,13 +20,13 @@ skips the index batches already yielded (no data is fetched for them).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing
 import os
 import warnings
 import weakref
-from multiprocessing import resource_tracker
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -424,16 +424,13 @@ class _MultiProcessIter(_BaseIter):
         if method != "fork":
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
-        # Started here, before any worker exists, so that every worker reports
-        # its segments to this one tracker (a worker must never start its own:
-        # it would unlink our segments when that worker exits).
-        resource_tracker.ensure_running()
         # (A failing WorkerPool stops the workers it started; the ring is still empty.)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
-                                message_prefix=self._ring.prefix)
+                                ring_prefix=self._ring.prefix)
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, self._pool, self._ring,
                                            self._tasks)
-        self._start_dispatch(base_seed)
+        with self._worker_death_raises():
+            self._start_dispatch(base_seed)
 
     # -- epochs --------------------------------------------------------------
 
@@ -452,9 +449,10 @@ class _MultiProcessIter(_BaseIter):
     def reset(self, loader: DataLoader, resume: dict | None = None) -> None:
         """A new epoch on the same workers (persistent_workers)."""
         self._len_called = loader._IterableDataset_len_called
-        self._drain()
-        base_seed = self._begin_epoch(resume)
-        self._start_dispatch(base_seed)
+        with self._worker_death_raises():
+            self._drain()
+            base_seed = self._begin_epoch(resume)
+            self._start_dispatch(base_seed)
 
     def _drain(self) -> None:
         """Collect the answers of an abandoned epoch, so its slots come back."""
@@ -509,11 +507,7 @@ class _MultiProcessIter(_BaseIter):
 
     def _receive(self) -> tuple[int, tuple]:
         """``(worker, reply)``: the next reply from any worker; dead workers and timeouts raise."""
-        try:
-            got = self._pool.receive(self._timeout)
-        except WorkerDied as exc:
-            self.shutdown()
-            raise RuntimeError(str(exc)) from None
+        got = self._pool.receive(self._timeout)
         if got is None:
             self.shutdown()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
@@ -538,6 +532,18 @@ class _MultiProcessIter(_BaseIter):
         except KeyboardInterrupt:
             self.shutdown()
             raise
+        except WorkerDied as exc:
+            self.shutdown()
+            raise RuntimeError(str(exc)) from None
+
+    @contextlib.contextmanager
+    def _worker_death_raises(self) -> Iterator[None]:
+        """A worker found dead (as ``__next__`` does): stop the rest, raise RuntimeError."""
+        try:
+            yield
+        except WorkerDied as exc:
+            self.shutdown()
+            raise RuntimeError(str(exc)) from None
 
     def _next(self) -> Any:
         if self.closed or self.epoch_finished:

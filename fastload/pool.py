@@ -104,7 +104,7 @@ class WorkerPool:
     """``num_workers`` processes running ``worker_loop``."""
 
     def __init__(self, context: Any, num_workers: int, payload: Any, base_seed: int,
-                 prefetch: int, message_prefix: str) -> None:
+                 prefetch: int, ring_prefix: str) -> None:
         self.context = context
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
@@ -113,7 +113,7 @@ class WorkerPool:
         self._poller = select.poll()
         self._worker_of_fd: dict[int, int] = {}
         self._process_of_fd: dict[int, Any] = {}
-        self._message_prefix = message_prefix
+        self._ring_prefix = ring_prefix
         self._message_names: list[str] = []
         self._max_task_bytes = _DEFAULT_PIPE_BYTES
         parent_pid = os.getpid()
@@ -137,7 +137,7 @@ class WorkerPool:
                 process = context.Process(
                     target=worker_loop,
                     args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
-                          parent_pid),
+                          parent_pid, ring_prefix),
                     daemon=True,
                 )
                 # start() returns once the child is launched, not once it has
@@ -168,19 +168,29 @@ class WorkerPool:
         if len(data) <= self._max_task_bytes:
             return data
         # Too big for the pipe's share: hand it over in shared memory.
-        name = f"{self._message_prefix}m{len(self._message_names)}"
+        name = f"{self._ring_prefix}m{len(self._message_names)}"
         segment = Segment(name, len(data), create=True)
         segment.array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._message_names.append(name)
         return pickle.dumps(("indirect", name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
 
     def send(self, worker_id: int, message: Any) -> None:
-        self._task_conns[worker_id].send_bytes(self._pack(message))
+        self._send_bytes(worker_id, self._pack(message))
 
     def broadcast(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        for conn in self._task_conns:
-            conn.send_bytes(data)
+        for worker_id in range(len(self._task_conns)):
+            self._send_bytes(worker_id, data)
+
+    def _send_bytes(self, worker_id: int, data: bytes) -> None:
+        """Write a task; a worker that has gone (its pipe is closed) raises ``WorkerDied``."""
+        try:
+            self._task_conns[worker_id].send_bytes(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # e.g. killed while idle between two epochs of persistent workers
+            process = self.processes[worker_id]
+            process.join(timeout=1.0)
+            raise WorkerDied(describe_exit(process.pid, process.exitcode)) from None
 
     def receive(self, timeout: float | None) -> tuple[int, Any] | None:
         """The next answer from any worker, or None when ``timeout`` passes.

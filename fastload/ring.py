@@ -31,7 +31,6 @@ import mmap
 import os
 import secrets
 import shutil
-from multiprocessing import resource_tracker
 from typing import Callable
 
 import numpy as np
@@ -42,7 +41,7 @@ except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
 __all__ = ["Segment", "Ring", "SlotLease", "SlotWriter", "SlotInfo", "SharedMemoryError",
-           "SHM_DIR", "new_prefix"]
+           "SHM_DIR", "new_prefix", "unlink_name", "unlink_prefixed"]
 
 SHM_DIR = "/dev/shm"
 _PAGE = mmap.PAGESIZE
@@ -92,21 +91,16 @@ class Segment:
     view of it) does; ``unlink`` only removes the name.
     """
 
-    __slots__ = ("name", "size", "array", "_registered")
+    __slots__ = ("name", "size", "array")
 
     def __init__(self, name: str, size: int = 0, create: bool = False) -> None:
         if _posixshmem is None:
             raise OSError("fastload's shared-memory ring needs POSIX shared memory")
         self.name = name
-        self._registered = False
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
         try:
             if create:
-                # Registered at once: if this process (or the whole tree) dies,
-                # Python's resource tracker unlinks what is left.
-                resource_tracker.register("/" + name, "shared_memory")
-                self._registered = True
                 try:
                     os.ftruncate(fd, size)
                     if hasattr(os, "posix_fallocate") and size > 0:
@@ -127,22 +121,33 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name (idempotent); the mapping stays valid for its holders."""
-        try:
-            _posixshmem.shm_unlink("/" + self.name)
-        except FileNotFoundError:
-            pass
-        else:
-            resource_tracker.unregister("/" + self.name, "shared_memory")
+        unlink_name(self.name)
 
 
 def unlink_name(name: str) -> bool:
-    """Unlink a segment this process did not map (a worker's orphan); True if it existed."""
+    """Remove segment ``name`` if it exists (mapped here or not); True if it existed."""
     try:
         _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
         return False
-    resource_tracker.unregister("/" + name, "shared_memory")
     return True
+
+
+def unlink_prefixed(prefix: str) -> None:
+    """Unlink every segment whose name starts with ``prefix`` (one ring's, all generations).
+
+    Workers call it when the main process was killed, so no segment outlives
+    the loader even then.  (Python's resource tracker could do the same job,
+    but it is a process of its own, started on first use: its 20 ms of start-up
+    CPU would land on the first batch of every program.)
+    """
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            unlink_name(name)
 
 
 class SlotInfo(tuple):

@@ -13,8 +13,9 @@ pipe; array bytes never travel through either (they go into ring slots):
 * ``("indirect", name, size)``: the real message waits in shared memory;
 * ``None``: exit.
 
-A worker also exits by itself when its parent dies (it polls for that while
-idle), so a killed main process leaves no orphan.
+A worker also exits by itself when the main process dies (it watches for
+that, see ``ParentWatch``), and then unlinks every segment of its ring, so a
+killed main process leaves neither an orphan nor a segment behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import random
 import select
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +34,17 @@ from typing import Any
 import numpy as np
 
 from fastload.fetch import BatchSource
-from fastload.ring import Segment, SlotInfo, SlotWriter
+from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 
-__all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop",
+__all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",
            "LIVENESS_INTERVAL"]
 
-# How often an idle worker checks that its parent is still alive (seconds).
+# How often an idle worker checks that the main process is alive, where the
+# kernel cannot tell it (no pidfd).  Seconds.
 LIVENESS_INTERVAL = 0.5
+# How long a worker that lost its pipes waits for the main process to be
+# reported gone before deciding it is alive (and will clean up itself).
+_ORPHAN_GRACE = 2.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,64 @@ def _seed_everything(seed: int) -> None:
         torch.manual_seed(seed)
 
 
+class ParentWatch:
+    """Tells a worker whether the main process (pid ``parent_pid``) has exited.
+
+    On Linux a pidfd, which becomes readable when that process exits, lets the
+    worker wait for tasks and for its parent's death in one ``poll``.  Without
+    one, ``gone()`` is asked every ``LIVENESS_INTERVAL``.  The parent is not
+    always the process that forked the worker: forkserver workers are children
+    of the fork server, so ``getppid()`` alone cannot tell.
+    """
+
+    def __init__(self, parent_pid: int) -> None:
+        self.parent_pid = parent_pid
+        self._forked_by_parent = os.getppid() == parent_pid
+        self.fd: int | None = None
+        self._exited = False
+        try:
+            self.fd = os.pidfd_open(parent_pid)
+        except ProcessLookupError:
+            self._exited = True
+        except (AttributeError, OSError):  # no pidfd on this platform or kernel
+            pass
+
+    def gone(self) -> bool:
+        if self._exited:
+            return True
+        if self.fd is not None:
+            self._exited = bool(select.select([self.fd], [], [], 0)[0])
+        elif self._forked_by_parent:
+            # Re-parented (to init or a subreaper) the moment the parent exits.
+            self._exited = os.getppid() != self.parent_pid
+        else:
+            try:
+                os.kill(self.parent_pid, 0)
+            except ProcessLookupError:
+                self._exited = True
+            except PermissionError:
+                pass
+        return self._exited
+
+    def wait_gone(self, timeout: float) -> bool:
+        """``gone()``, waiting up to ``timeout`` seconds for it to become true."""
+        deadline = time.monotonic() + timeout
+        while not self.gone():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self.fd is not None:
+                select.select([self.fd], [], [], remaining)
+            else:
+                time.sleep(min(remaining, 0.05))
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def _read_task(task_conn: Any) -> Any:
     message = pickle.loads(task_conn.recv_bytes())
     if message is not None and message[0] == "indirect":
@@ -129,8 +193,31 @@ def _read_task(task_conn: Any) -> Any:
 
 
 def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
-                result_conn: Any, base_seed: int, parent_pid: int) -> None:
-    """Entry point of a worker process (``payload`` is pickled bytes under spawn)."""
+                result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str) -> None:
+    """Entry point of a worker process (``payload`` is pickled bytes under spawn).
+
+    ``ring_prefix`` names every segment of this iterator's ring: if the main
+    process dies, the worker unlinks them on its way out.
+    """
+    parent = ParentWatch(parent_pid)
+    orphaned = True
+    try:
+        orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
+                          parent)
+    finally:
+        # A killed main process closes its pipe ends before the kernel reports
+        # it gone, so a worker that lost its pipes waits (briefly) to be sure.
+        if orphaned and parent.wait_gone(_ORPHAN_GRACE):
+            # Nobody else will: the main process unlinks the ring when it ends
+            # normally, but it was killed.  Every worker does this as it exits,
+            # so a segment one of them created late is not missed.
+            unlink_prefixed(ring_prefix)
+        parent.close()
+
+
+def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
+           result_conn: Any, base_seed: int, parent: ParentWatch) -> bool:
+    """Answer tasks until told to stop; True if the main process went away instead."""
     global _worker_info
     # Ctrl-C reaches the whole process group; the main process decides what
     # happens (it shuts the workers down), so workers ignore it.
@@ -148,25 +235,30 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             worker_init_fn(worker_id)
         source = BatchSource(dataset, *source_args)
     except BaseException:
-        _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
-        return
+        # The main process re-raises it and stops the pool.
+        return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
     writer = SlotWriter()
     # One poll object for the life of the worker: Connection.poll() would
     # build a selector on every call, on the per-batch path.
     tasks_ready = select.poll()
-    tasks_ready.register(task_conn.fileno(), select.POLLIN)
-    liveness_ms = int(LIVENESS_INTERVAL * 1000)
+    task_fd = task_conn.fileno()
+    tasks_ready.register(task_fd, select.POLLIN)
+    if parent.fd is not None:
+        tasks_ready.register(parent.fd, select.POLLIN)
+    liveness_ms = None if parent.fd is not None else int(LIVENESS_INTERVAL * 1000)
     while True:
         try:
-            if not tasks_ready.poll(liveness_ms):
-                if os.getppid() != parent_pid:
+            events = tasks_ready.poll(liveness_ms)
+            if not any(fd == task_fd for fd, _ in events):
+                if parent.gone():
                     break  # the main process is gone: nobody will read our batches
                 continue
             message = _read_task(task_conn)
         except (EOFError, OSError):
-            break  # the main process closed our task pipe (or died)
+            break  # the main process closed our task pipe without a word: it died
         if message is None:
-            break
+            result_conn.close()
+            return False
         kind = message[0]
         if kind == "epoch":
             source.start_epoch(message[1])
@@ -191,6 +283,7 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         if not _send(result_conn, reply, where):
             break
     result_conn.close()
+    return True
 
 
 def _send(conn: Any, reply: tuple, where: str = "") -> bool:

@@ -305,6 +305,26 @@ def test_worker_killed_from_outside_raises_runtime_error(no_leaks):
 
 
 @pytest.mark.timeout(60)
+def test_persistent_worker_killed_between_epochs_raises_runtime_error(no_leaks):
+    loader = fl.DataLoader(SquareDataset(32, (2,)), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    assert len(list(loader)) == 8
+    iterator = loader._iterator
+    pids, prefix = iterator.worker_pids, iterator._ring.prefix
+    os.kill(pids[0], signal.SIGKILL)
+    assert _wait_gone([pids[0]], 5.0) == []
+    # The dead worker's task pipe is closed: the next epoch's first message
+    # must not surface as a BrokenPipeError.
+    with pytest.raises(RuntimeError) as excinfo:
+        list(loader)
+    message = str(excinfo.value)
+    assert _worker_pid_in(message, pids) == pids[0]
+    assert "SIGKILL" in message, message
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
+
+
+@pytest.mark.timeout(60)
 def test_worker_os_exit_raises_runtime_error_with_exit_code(no_leaks):
     loader = fl.DataLoader(FaultyDataset(400, bad=6, mode="exit"), batch_size=4, num_workers=2)
     it = iter(loader)
@@ -480,42 +500,58 @@ def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path
 
 
 @pytest.mark.timeout(60)
-def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks):
-    script = _script(tmp_path, """
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks, method, busy):
+    # The workers notice that the main process is gone (forkserver workers are
+    # not its children) and unlink their ring's segments as they exit.  "busy"
+    # adds a second loader whose workers are inside __getitem__ at the time:
+    # they create their slots' segments only once it returns, then clean up.
+    script = _script(tmp_path, f"""
         import os, time
         import fastload as fl
-        from datasets_for_workers import SquareDataset
+        from datasets_for_workers import SquareDataset, SlowDataset
 
-        loader = fl.DataLoader(SquareDataset(64, (3, 16, 16)), batch_size=4, num_workers=2,
-                               persistent_workers=True)
-        held = list(loader)          # one full epoch, every batch held
-        it = iter(loader)            # a second epoch, left mid-way
-        batch = next(it)
-        print("PIDS", *it.worker_pids, flush=True)
-        print("PREFIX", it._ring.prefix, flush=True)
-        time.sleep(60)
+        if __name__ == "__main__":
+            loader = fl.DataLoader(SquareDataset(64, (3, 16, 16)), batch_size=4, num_workers=2,
+                                   persistent_workers=True, multiprocessing_context={method!r})
+            held = list(loader)          # one full epoch, every batch held
+            it = iter(loader)            # a second epoch, left mid-way
+            batch = next(it)
+            iterators = [it]
+            if {busy!r}:
+                slow = fl.DataLoader(SlowDataset(64, delay=0.3, shape=(3, 32, 32)), batch_size=8,
+                                     num_workers=2, multiprocessing_context={method!r})
+                iterators.append(iter(slow))
+            print("PIDS", *[pid for it in iterators for pid in it.worker_pids], flush=True)
+            print("PREFIX", *[it._ring.prefix for it in iterators], flush=True)
+            time.sleep(60)
         """)
     proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         no_leaks.watch_pid(proc.pid)
         pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-        prefix = _read_marker(proc, "PREFIX")
+        prefixes = _read_marker(proc, "PREFIX").split()
         assert all(is_alive(p) for p in pids)
-        assert _prefix_entries(prefix), "the child's ring should have segments"
+        assert _prefix_entries(prefixes[0]), "the child's ring should have segments"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+    def leftovers():
+        return [name for prefix in prefixes for name in _prefix_entries(prefix)]
+
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or _prefix_entries(prefix)):
+    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or leftovers()):
         time.sleep(0.1)
     orphans = [p for p in pids if is_alive(p)]
     try:
         assert orphans == [], f"workers {orphans} outlived their killed parent"
-        assert _prefix_entries(prefix) == [], "segments outlived the killed main process"
+        assert leftovers() == [], "segments outlived the killed main process"
     finally:
         for pid in orphans:
             os.kill(pid, signal.SIGKILL)

@@ -2,12 +2,15 @@
 
 import os
 import random
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
 import fastload as fl
-from fastload import DataLoader, get_worker_info
+from fastload import ArrayDataset, DataLoader, get_worker_info
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -248,3 +251,38 @@ def test_forking_workers_leaves_the_callers_gc_freeze_state_alone():
         assert gc.get_freeze_count() > 0  # a caller's own freeze is kept, not undone
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_idle_persistent_workers_outlive_the_liveness_interval(method):
+    # Workers check that the main process lives while they wait for tasks;
+    # a forkserver worker's parent is the fork server, which must not count.
+    from fastload.worker import LIVENESS_INTERVAL
+
+    loader = DataLoader(ArrayDataset(np.arange(40)), batch_size=8, num_workers=2,
+                        persistent_workers=True, multiprocessing_context=method)
+    first = [b[0].tolist() for b in loader]
+    pids = loader._iterator.worker_pids
+    time.sleep(3 * LIVENESS_INTERVAL)
+    assert [b[0].tolist() for b in loader] == first
+    assert loader._iterator.worker_pids == pids
+
+
+def test_parent_watch_sees_its_process_exit():
+    from fastload.worker import ParentWatch
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    watches = [ParentWatch(child.pid), ParentWatch(child.pid)]
+    watches[1].close()  # the fallback without a pidfd (not our child: os.kill probing)
+    try:
+        assert [w.gone() for w in watches] == [False, False]
+        child.stdin.close()
+        child.wait(timeout=10)
+        assert [w.gone() for w in watches] == [True, True]
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for w in watches:
+            w.close()
