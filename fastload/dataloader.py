@@ -424,13 +424,17 @@ class _MultiProcessIter(_BaseIter):
         if method != "fork":
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
-        # (A failing WorkerPool stops the workers it started; the ring is still empty.)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 ring_prefix=self._ring.prefix)
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, self._pool, self._ring,
                                            self._tasks)
-        with self._worker_death_raises():
+        try:
+            # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
+            self._pool.start()
+        except BaseException:
+            self.shutdown()
+            raise
 
     # -- epochs --------------------------------------------------------------
 

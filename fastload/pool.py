@@ -21,10 +21,8 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import queue
 import select
 import signal
-import threading
 import time
 from typing import Any, Sequence
 
@@ -101,13 +99,19 @@ class WorkerDied(RuntimeError):
 
 
 class WorkerPool:
-    """``num_workers`` processes running ``worker_loop``."""
+    """``num_workers`` processes running ``worker_loop``.
+
+    Made in two steps: the constructor creates every worker's pipes, so the
+    caller can queue the first tasks, then ``start()`` launches the processes,
+    which find their first tasks waiting.  Sending before the workers exist
+    costs the main process no wake-ups (and no preemption by workers that
+    would wake up only to find a single task), and a worker starts its first
+    batch the moment it is ready.
+    """
 
     def __init__(self, context: Any, num_workers: int, payload: Any, base_seed: int,
                  prefetch: int, ring_prefix: str) -> None:
         self.context = context
-        self._task_conns: list[Any] = []
-        self._result_conns: list[Any] = []
         self.processes: list[Any] = []
         self._closed = False
         self._poller = select.poll()
@@ -115,26 +119,42 @@ class WorkerPool:
         self._process_of_fd: dict[int, Any] = {}
         self._ring_prefix = ring_prefix
         self._message_names: list[str] = []
+        self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix)
+        self._task_conns: list[Any] = []
+        self._result_conns: list[Any] = []
+        self._child_ends: list[tuple[Any, Any]] = []   # (task_reader, result_writer), until start()
         self._max_task_bytes = _DEFAULT_PIPE_BYTES
-        parent_pid = os.getpid()
+        try:
+            for _ in range(num_workers):
+                task_reader, task_writer = context.Pipe(duplex=False)
+                result_reader, result_writer = context.Pipe(duplex=False)
+                self._task_conns.append(task_writer)
+                self._result_conns.append(result_reader)
+                self._child_ends.append((task_reader, result_writer))
+                capacity = min(_enlarge_pipe(task_writer), _enlarge_pipe(result_writer))
+                # Every unread task (at most `prefetch`, plus control messages)
+                # must fit at once; see NOTE [ Why sending a task never blocks ].
+                self._max_task_bytes = capacity // (prefetch + 2)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def start(self) -> None:
+        """Launch the workers (on failure, stop the ones already started)."""
+        num_workers, payload, base_seed, parent_pid, ring_prefix = self._args
+        _reap_exiting()
         # NOTE [ Freezing the heap for fork ]
         # A forked worker's garbage collector walks every object it inherited,
         # writing to their pages, so each worker would copy much of the parent's
         # heap page by page.  Objects frozen at fork time are never walked; the
         # parent unfreezes its own right after.  A caller that froze objects
         # itself keeps managing that.
-        freeze = context.get_start_method() == "fork" and gc.get_freeze_count() == 0
+        freeze = self.context.get_start_method() == "fork" and gc.get_freeze_count() == 0
         if freeze:
             gc.freeze()
         try:
-            for worker_id in range(num_workers):
-                task_reader, task_writer = context.Pipe(duplex=False)
-                result_reader, result_writer = context.Pipe(duplex=False)
-                capacity = min(_enlarge_pipe(task_writer), _enlarge_pipe(result_writer))
-                # Every unread task (at most `prefetch`, plus control messages)
-                # must fit at once; see NOTE [ Why sending a task never blocks ].
-                self._max_task_bytes = capacity // (prefetch + 2)
-                process = context.Process(
+            for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
+                process = self.context.Process(
                     target=worker_loop,
                     args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
                           parent_pid, ring_prefix),
@@ -143,14 +163,14 @@ class WorkerPool:
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
                 process.start()
-                task_reader.close()  # the worker's ends: EOF then means the worker is gone
-                result_writer.close()
-                self._task_conns.append(task_writer)
-                self._result_conns.append(result_reader)
                 self.processes.append(process)
-                self._worker_of_fd[result_reader.fileno()] = worker_id
+                # The worker's ends: EOF then means the worker is gone.
+                task_reader.close()
+                result_writer.close()
+                result_fd = self._result_conns[worker_id].fileno()
+                self._worker_of_fd[result_fd] = worker_id
                 self._process_of_fd[process.sentinel] = process
-                self._poller.register(result_reader.fileno(), select.POLLIN)
+                self._poller.register(result_fd, select.POLLIN)
                 self._poller.register(process.sentinel, select.POLLIN)
         except BaseException:
             self.shutdown()
@@ -158,6 +178,7 @@ class WorkerPool:
         finally:
             if freeze:
                 gc.unfreeze()
+            self._child_ends = []
 
     @property
     def pids(self) -> list[int]:
@@ -225,10 +246,12 @@ class WorkerPool:
     def shutdown(self, wait: bool = True) -> None:
         """Ask every worker to exit; reap them within a bounded time, terminating the rest.
 
-        ``wait=False`` (idle workers, at the end of an epoch) lets a daemon
-        thread do the reaping, so the caller's ``StopIteration`` does not wait
-        for processes to tear down.  Only idle workers may be left to it: a
-        busy one could still be writing a slot the caller is about to unlink.
+        ``wait=False`` (idle workers, at the end of an epoch) leaves them to
+        exit on their own, so the caller's ``StopIteration`` does not wait for
+        processes to tear down; ``_reap_exiting`` collects them later, and
+        stops any that outstay ``_JOIN_GRACE``.  Only idle workers may be left
+        so: a busy one could still be writing a slot the caller is about to
+        unlink.
         """
         if self._closed:
             return
@@ -241,9 +264,11 @@ class WorkerPool:
                     pass  # it is exiting already
         if wait:
             _reap(self.processes)
-        else:
-            _background_reaper().put(self.processes)
-        for conn in self._task_conns + self._result_conns:
+        elif self.processes:
+            _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, self.processes))
+        _reap_exiting()
+        child_ends = [conn for pair in self._child_ends for conn in pair]
+        for conn in self._task_conns + self._result_conns + child_ends:
             try:
                 conn.close()
             except OSError:
@@ -252,26 +277,30 @@ class WorkerPool:
             unlink_name(name)  # a worker that died before reading it
 
 
-_reaper: tuple[int, queue.SimpleQueue] | None = None  # (owning pid, its queue)
-_reaper_lock = threading.Lock()
+# Idle workers told to exit at the end of an epoch, not waited for:
+# (owning pid, deadline, processes).  See WorkerPool.shutdown.
+_exiting: list[tuple[int, float, list]] = []
 
 
-def _background_reaper() -> queue.SimpleQueue:
-    """The queue of one daemon thread that reaps idle workers (started on first use:
-    starting a thread per epoch would cost the caller more than the reaping)."""
-    global _reaper
-    with _reaper_lock:
-        if _reaper is None or _reaper[0] != os.getpid():  # a forked child needs its own
-            processes_queue: queue.SimpleQueue = queue.SimpleQueue()
-            threading.Thread(target=_reap_forever, args=(processes_queue,), daemon=True,
-                             name="fastload-reaper").start()
-            _reaper = (os.getpid(), processes_queue)
-        return _reaper[1]
+def _reap_exiting() -> None:
+    """Reap the exited workers of earlier epochs without waiting; stop the ones past their grace.
 
-
-def _reap_forever(processes_queue: queue.SimpleQueue) -> None:
-    while True:
-        _reap(processes_queue.get())
+    Runs whenever a pool starts or shuts down.  (A thread that joined them
+    would fight the caller for the GIL just as the next epoch starts; at exit,
+    multiprocessing itself terminates and joins whatever is left, as it does
+    for every daemonic process.)
+    """
+    now, pid = time.monotonic(), os.getpid()
+    pending = []
+    for owner, deadline, processes in _exiting:
+        if owner != pid:
+            continue  # inherited by a forked child: not its processes
+        alive = [p for p in processes if p.is_alive()]  # is_alive() reaps an exited one
+        if alive and now >= deadline:
+            _reap(alive)
+        elif alive:
+            pending.append((owner, deadline, alive))
+    _exiting[:] = pending
 
 
 def _reap(processes: list) -> None:

@@ -105,3 +105,10 @@ def record_init(worker_id: int) -> None:
 
     info = fastload.get_worker_info()
     assert info is not None and info.id == worker_id
+
+
+def linger_at_exit(worker_id: int) -> None:
+    """worker_init_fn: the worker's exit hangs (a finalizer that sleeps a minute)."""
+    from multiprocessing import util
+
+    util.Finalize(None, time.sleep, args=(60,), exitpriority=0)

@@ -325,6 +325,46 @@ def test_persistent_worker_killed_between_epochs_raises_runtime_error(no_leaks):
 
 
 @pytest.mark.timeout(60)
+def test_finished_epochs_leave_no_process_behind(no_leaks):
+    # Idle workers exit on their own at the end of an epoch; nobody waits for
+    # them then, and the next epoch reaps them: no zombie piles up.
+    import psutil
+
+    loader = fl.DataLoader(SquareDataset(64, (2,)), batch_size=4, num_workers=2)
+    seen = []
+    for _ in range(5):
+        iterator = iter(loader)
+        seen += iterator.worker_pids
+        assert len(list(iterator)) == 16
+    assert _wait_gone(seen, 5.0) == []
+    leftovers = [p.pid for p in psutil.Process().children() if p.pid in seen]
+    assert len(leftovers) <= 2, f"unreaped workers of earlier epochs: {leftovers}"
+
+
+@pytest.mark.timeout(60)
+def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatch, no_leaks):
+    from datasets_for_workers import linger_at_exit
+    from fastload import pool
+
+    monkeypatch.setattr(pool, "_JOIN_GRACE", 0.5)
+    loader = fl.DataLoader(SquareDataset(16, (2,)), batch_size=4, num_workers=2,
+                           worker_init_fn=linger_at_exit)
+    iterator = iter(loader)
+    first_pids = iterator.worker_pids
+    assert len(list(iterator)) == 4
+    time.sleep(0.3)
+    assert all(is_alive(p) for p in first_pids), "their exit should hang"
+    time.sleep(0.4)
+    iterator = iter(loader)  # a new pool reaps what is past its grace
+    assert [p for p in first_pids if is_alive(p)] == []
+    second_pids = iterator.worker_pids
+    assert len(list(iterator)) == 4
+    time.sleep(0.6)
+    pool._reap_exiting()
+    assert [p for p in second_pids if is_alive(p)] == []
+
+
+@pytest.mark.timeout(60)
 def test_worker_os_exit_raises_runtime_error_with_exit_code(no_leaks):
     loader = fl.DataLoader(FaultyDataset(400, bad=6, mode="exit"), batch_size=4, num_workers=2)
     it = iter(loader)
