@@ -19,7 +19,8 @@ and its workers, polled from /proc every 20 ms by this process in one extra
 run per library (polling costs CPU, so the timed rounds do without).  The
 *limit* is the single-process rate of the loader's own batch code (fetch +
 collate, or the ArrayDataset gather) with no loader at all, times the number
-of workers.
+of workers; a third child process measures that rate in the same rotation
+as the two loaders, so drift of the machine moves all three alike.
 
     python bench/bench_loader.py --workers 0 2 2p     # all workloads; 2p: persistent workers
     python bench/bench_loader.py --workloads tiny dict --workers 2 --rounds 5
@@ -228,11 +229,12 @@ def run_child(name: str, framework: str, workers: str, image_root: str | None,
     return result
 
 
-def pipeline_rate(workload: Workload, batches: int = 40) -> float:
+def pipeline_rate(workload: Workload) -> float:
     """Samples/s of the loader's own batch code (fetch + collate) in a plain loop: one core.
 
     ``BatchSource.make`` is what the loader runs per batch in one process (for
-    an ArrayDataset, its gather kernel), without sampler, iterator or workers.
+    an ArrayDataset, its gather kernel), without sampler, iterator or workers:
+    one shuffled epoch of it, after a few batches of warm-up.
     """
     from fastload.collate import default_collate
     from fastload.fetch import BatchSource
@@ -242,27 +244,41 @@ def pipeline_rate(workload: Workload, batches: int = 40) -> float:
     source = BatchSource(dataset, False, True, default_collate, bs, False)
     source.start_epoch(0)
     order = np.random.default_rng(0).permutation(len(dataset))
-    batches = min(batches, len(dataset) // bs)
+    batches = len(dataset) // bs
+    for b in range(3):
+        source.make(b, order[b * bs:(b + 1) * bs])
     start = time.perf_counter()
     for b in range(batches):
         source.make(b, order[b * bs:(b + 1) * bs])
     return batches * bs / (time.perf_counter() - start)
 
 
+def child_pipeline(name: str, image_root: str | None) -> dict:
+    """In a child process: the one-core pipeline rate that the *limit* multiplies."""
+    workload = build_workload(name, "fastload", image_root)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    return {"samples_per_s": pipeline_rate(workload)}
+
+
 def measure(name: str, workers: str, rounds: int, image_root: str | None, epochs: int) -> dict:
-    runs: dict[str, list[dict]] = {"fastload": [], "torch": []}
-    order = ["fastload", "torch"]
+    # The pipeline's own rate is measured in the same rotation as the two
+    # loaders, so machine drift moves the limit with them.
+    runs: dict[str, list[dict]] = {"fastload": [], "torch": [], "pipeline": []}
+    order = ["fastload", "torch", "pipeline"]
     for round_no in range(rounds + 1):  # round 0 warms the page cache, not counted
-        for framework in (order if round_no % 2 == 0 else order[::-1]):
+        shift = round_no % len(order)
+        for framework in order[shift:] + order[:shift]:
             result = run_child(name, framework, workers, image_root, epochs, sample_memory=False)
             if round_no > 0:
                 runs[framework].append(result)
     peaks = {framework: run_child(name, framework, workers, image_root, epochs,
-                                  sample_memory=True)["peak_pss_mib"] for framework in order}
-    workload = build_workload(name, "fastload", image_root)
-    single = statistics.median(pipeline_rate(workload) for _ in range(3))
-    result = {"workload": name, "workers": workers, "batch_size": workload.batch_size}
-    for framework in order:
+                                  sample_memory=True)["peak_pss_mib"]
+             for framework in ("fastload", "torch")}
+    single = statistics.median(r["samples_per_s"] for r in runs["pipeline"])
+    result = {"workload": name, "workers": workers,
+              "batch_size": build_workload(name, "fastload", image_root).batch_size}
+    for framework in ("fastload", "torch"):
         result[framework] = {key: statistics.median(r[key] for r in runs[framework])
                              for key in ("samples_per_s", "first_batch_s",
                                          "first_epoch_samples_per_s")}
@@ -270,6 +286,7 @@ def measure(name: str, workers: str, rounds: int, image_root: str | None, epochs
         result[framework]["rounds"] = [round(r["samples_per_s"]) for r in runs[framework]]
     result["ratio"] = result["fastload"]["samples_per_s"] / result["torch"]["samples_per_s"]
     result["pipeline_one_core"] = single
+    result["pipeline_rounds"] = [round(r["samples_per_s"]) for r in runs["pipeline"]]
     result["limit"] = single * max(1, parse_workers(workers)[0])
     result["efficiency"] = result["fastload"]["samples_per_s"] / result["limit"]
     return result
@@ -315,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.child:
         name, framework, workers = options.child
-        print(json.dumps(child_epochs(name, framework, workers, options.image_root,
-                                      options.epochs)))
+        if framework == "pipeline":
+            print(json.dumps(child_pipeline(name, options.image_root)))
+        else:
+            print(json.dumps(child_epochs(name, framework, workers, options.image_root,
+                                          options.epochs)))
         return 0
 
     results = []
@@ -336,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             f"start-up included), peak PSS sums the process and its workers, polled every 20 ms in "
             f"one more run per library (polling is left out of the timed rounds: it costs CPU). "
             f"*limit* = single-process rate of the loader's own batch code (fetch + collate, or the "
-            f"ArrayDataset gather) with no loader, times the worker count.\n\n"
+            f"ArrayDataset gather) with no loader, times the worker count; that rate is measured "
+            f"in a third child process in the same rotation as the two loaders (median of the "
+            f"rounds).\n\n"
             + table(results) + "\n")
     print("\n" + text)
     if options.json:
