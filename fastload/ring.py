@@ -45,6 +45,7 @@ __all__ = ["Segment", "Ring", "SlotLease", "SlotWriter", "SlotInfo", "SharedMemo
 
 SHM_DIR = "/dev/shm"
 _PAGE = mmap.PAGESIZE
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only
 _GROWTH_HEADROOM = 4  # a regrown slot gets 1/4 more than asked, so shapes that vary settle fast
 # Free slots kept beyond those in flight: a loop holds the batch it works on
 # (and often the previous one) while the next are prefetched, so a ring of
@@ -93,7 +94,8 @@ class Segment:
 
     __slots__ = ("name", "size", "array")
 
-    def __init__(self, name: str, size: int = 0, create: bool = False) -> None:
+    def __init__(self, name: str, size: int = 0, create: bool = False,
+                 populate: bool = False) -> None:
         if _posixshmem is None:
             raise OSError("fastload's shared-memory ring needs POSIX shared memory")
         self.name = name
@@ -113,7 +115,11 @@ class Segment:
             else:
                 size = os.fstat(fd).st_size
             self.size = size
-            mapping = mmap.mmap(fd, size) if size > 0 else None
+            # ``populate``: the caller is about to write every page (a worker
+            # filling a slot); mapping them all in one call beats a page
+            # fault per 4 KiB.
+            map_flags = mmap.MAP_SHARED | (_MAP_POPULATE if populate else 0)
+            mapping = mmap.mmap(fd, size, flags=map_flags) if size > 0 else None
         finally:
             os.close(fd)
         self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \
@@ -371,12 +377,12 @@ class _TaskAllocation:
         elif info.name is not None and info.capacity >= nbytes:
             segment = self.writer._mapped.get(info.slot_id)
             if segment is None or segment.name != info.name:
-                segment = Segment(info.name)
+                segment = Segment(info.name, populate=True)
                 self.writer._mapped[info.slot_id] = segment
             return segment.array
         size = nbytes if info.name is None else nbytes + nbytes // _GROWTH_HEADROOM
         size = max(_PAGE, (size + _PAGE - 1) // _PAGE * _PAGE)
-        self.created = Segment(info.next_name, size, create=True)
+        self.created = Segment(info.next_name, size, create=True, populate=True)
         self.writer._mapped[info.slot_id] = self.created
         return self.created.array
 
