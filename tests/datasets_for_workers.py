@@ -112,3 +112,22 @@ def linger_at_exit(worker_id: int) -> None:
     from multiprocessing import util
 
     util.Finalize(None, time.sleep, args=(60,), exitpriority=0)
+
+
+class PageFaultCounting(Dataset):
+    """Each sample makes four 1 MiB temporaries at once, as an image pipeline makes
+    its decoded and resized copies, and returns the page faults that took."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        temporaries = [np.ones(1 << 20, dtype=np.uint8) for _ in range(4)]
+        del temporaries
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before

@@ -286,3 +286,17 @@ def test_parent_watch_sees_its_process_exit():
             child.kill()
         for w in watches:
             w.close()
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION")),
+                    reason="the malloc thresholds are glibc's")
+def test_workers_keep_large_temporaries_off_fresh_pages():
+    # See NOTE [ Why workers tune malloc ]: without it, every sample's 4 MiB of
+    # temporaries would be mapped and faulted in again (about 1,000 faults).
+    from datasets_for_workers import PageFaultCounting
+
+    loader = DataLoader(PageFaultCounting(24), batch_size=4, num_workers=2)
+    faults = np.concatenate([batch for batch in loader])
+    assert faults.shape == (24,)
+    later = np.concatenate([faults[4:8], faults[12:]])  # past each worker's first batch
+    assert np.median(later) < 50, f"page faults per sample: {faults.tolist()}"
