@@ -1,0 +1,95 @@
+"""Where a fastload epoch's time goes, with and without persistent workers.
+
+For one workload of ``bench_loader.py`` and two workers, runs a few epochs
+and prints, per epoch (median over the epochs after the first):
+
+* wall time, and the time from ``iter(loader)`` to the first batch;
+* CPU time of the main process, and of each worker (from /proc, so the
+  workers' start-up and exit are counted when they are new every epoch);
+* minor page faults of the main process.
+
+The difference between the two modes is what starting and stopping two
+worker processes costs per epoch.  Diagnostic only: the comparison with torch
+lives in ``bench_loader.py``.
+
+    python bench/epoch_costs.py --workload dict --epochs 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+
+import fastload as fl
+from bench_loader import build_workload
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` so far, in ns resolution (/proc/PID/schedstat; a zombie's too)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as handle:
+            return int(handle.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run(workload_name: str, persistent: bool, epochs: int) -> dict:
+    workload = build_workload(workload_name, "fastload", None)
+    loader = fl.DataLoader(workload.make_fastload(), batch_size=workload.batch_size, shuffle=True,
+                           num_workers=2, generator=0, persistent_workers=persistent)
+    rows = []
+    for _ in range(epochs):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        main_cpu, faults = usage.ru_utime + usage.ru_stime, usage.ru_minflt
+        start = time.perf_counter()
+        iterator = iter(loader)
+        pids = iterator.worker_pids
+        first = None
+        for _ in iterator:
+            if first is None:
+                first = time.perf_counter() - start
+        wall = time.perf_counter() - start
+        # New workers exit after the epoch: give them a moment, then read their
+        # totals before they are reaped.  (Persistent ones: read the growth.)
+        worker_cpu = [_cpu_seconds(pid) for pid in pids]
+        if not persistent:
+            time.sleep(0.05)
+            worker_cpu = [_cpu_seconds(pid) for pid in pids]
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        rows.append({"wall": wall, "first": first,
+                     "main_cpu": usage.ru_utime + usage.ru_stime - main_cpu,
+                     "faults": usage.ru_minflt - faults, "worker_cpu": worker_cpu})
+    if persistent:  # cumulative per worker: turn into per-epoch growth
+        totals = [row["worker_cpu"] for row in rows]
+        for i in range(len(rows) - 1, 0, -1):
+            rows[i]["worker_cpu"] = [a - b for a, b in zip(totals[i], totals[i - 1])]
+    later = rows[1:]
+    return {
+        "wall_ms": 1e3 * statistics.median(r["wall"] for r in later),
+        "first_ms": 1e3 * statistics.median(r["first"] for r in later),
+        "main_cpu_ms": 1e3 * statistics.median(r["main_cpu"] for r in later),
+        "worker_cpu_ms": 1e3 * statistics.median(sum(r["worker_cpu"]) for r in later),
+        "main_faults": statistics.median(r["faults"] for r in later),
+        "samples": workload.samples,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="dict", choices=["tiny", "array", "dict"])
+    parser.add_argument("--epochs", type=int, default=12)
+    options = parser.parse_args()
+    print(f"{options.workload}, 2 workers, median of epochs 2..{options.epochs}")
+    print("| workers | epoch (ms) | first batch (ms) | main CPU (ms) | workers' CPU (ms) "
+          "| main page faults | samples/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for persistent in (False, True):
+        r = run(options.workload, persistent, options.epochs)
+        print(f"| {'2p' if persistent else '2'} | {r['wall_ms']:.1f} | {r['first_ms']:.1f} | "
+              f"{r['main_cpu_ms']:.1f} | {r['worker_cpu_ms']:.1f} | {r['main_faults']:.0f} | "
+              f"{r['samples'] / r['wall_ms'] * 1e3:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
