@@ -364,6 +364,18 @@ def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatc
     assert [p for p in second_pids if is_alive(p)] == []
 
 
+def test_reaping_leaves_alone_the_workers_a_forked_child_inherited(monkeypatch):
+    from fastload import pool
+
+    class ParentsWorker:
+        def is_alive(self):
+            raise AssertionError("a forked child must not poll its parent's workers")
+
+    monkeypatch.setattr(pool, "_exiting", [(os.getpid() + 1, 0.0, [ParentsWorker()])])
+    pool._reap_exiting()
+    assert pool._exiting == []
+
+
 @pytest.mark.timeout(60)
 def test_worker_os_exit_raises_runtime_error_with_exit_code(no_leaks):
     loader = fl.DataLoader(FaultyDataset(400, bad=6, mode="exit"), batch_size=4, num_workers=2)
