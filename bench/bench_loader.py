@@ -13,8 +13,9 @@ Each round is a fresh child process that imports only its own library (a
 fastload user does not import torch) and iterates one DataLoader for a few
 epochs, new workers every epoch (the default; "2p" rows keep persistent
 workers): samples/s is the median of the epochs after the first, time to
-first batch is from DataLoader construction (worker start-up included).  Both loaders run in alternating rounds (A B,
-B A, ...) and medians are reported.  Peak memory is PSS summed over the child
+first batch is from DataLoader construction (worker start-up included).  The two
+loaders and the plain pipeline (below) run in rotated rounds (A B C, B C A,
+C A B, ...) and medians are reported.  Peak memory is PSS summed over the child
 and its workers, polled from /proc every 20 ms by this process in one extra
 run per library (polling costs CPU, so the timed rounds do without).  The
 *limit* is the single-process rate of the loader's own batch code (fetch +
@@ -347,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             print(table([result]).splitlines()[-1], flush=True)
     command = "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## Loader\n\n`{command.strip()}` on {machine()}.\n"
-            f"Median of {options.rounds} alternating rounds (fastload, torch, then torch, "
-            f"fastload, ...) after a warm-up round. Each round is a fresh process that imports only "
+            f"Median of {options.rounds} rotated rounds (fastload, torch, pipeline; then torch, "
+            f"pipeline, fastload; ...) after a warm-up round. Each round is a fresh process that imports only "
             f"its own library and iterates one DataLoader for {options.epochs} epochs (new workers "
             f"every epoch, the default; workers `2p` = persistent_workers=True): samples/s is the "
             f"median of the epochs after the first, "
