@@ -94,3 +94,13 @@ def gather_rows(
     source: npt.NDArray[Any], rows: npt.NDArray[np.int64], out: npt.NDArray[Any]
 ) -> npt.NDArray[Any]:
     """``out[i] = source[rows[i]]``; IndexError naming a row out of range."""
+
+# _resample.pxi
+RESAMPLE_FILTERS: frozenset[int]
+
+def resample_rows(
+    src: npt.NDArray[np.uint8], start: float, stop: float, out: npt.NDArray[np.uint8],
+    resample: int,
+) -> None:
+    """One pass of Pillow's resize along the first axis of a 2-D byte array, bit for bit:
+    rows ``start..stop`` of ``src`` to ``out.shape[0]`` rows (same number of columns)."""

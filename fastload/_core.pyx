@@ -8,7 +8,10 @@ extension module so the kernels share a single import:
   weighted draws, batch-index generation).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
   collate-into-buffer copies.
+* ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
+  (the image pipeline's hot loop).
 """
 
 include "_random.pxi"
 include "_copy.pxi"
+include "_resample.pxi"

@@ -319,3 +319,73 @@ def test_standard_training_pipeline_shapes():
         out = pipeline(photo(500, 375, seed=seed))
         assert out.shape == (3, 224, 224) and out.dtype == np.float32
         assert math.isfinite(float(out.sum()))
+
+
+# -- the fused resize (fastload.vision.resample) ----------------------------
+
+_FILTERS = [Image.Resampling.LANCZOS, Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
+            Image.Resampling.BOX, Image.Resampling.HAMMING]
+
+
+def test_the_installed_pillows_pass_order_is_known():
+    import PIL
+
+    from fastload.vision.resample import pass_order
+
+    # Without a known rule the fused path is off (correct, only slower): say so loudly.
+    assert pass_order() is not None, (
+        f"Pillow {PIL.__version__} orders its two resize passes in a way no known rule "
+        f"reproduces: add its rule to fastload.vision.resample._KNOWN_ORDERS")
+
+
+@pytest.mark.parametrize("resample", _FILTERS, ids=lambda f: f.name)
+def test_resize_to_chw_is_pillows_resize_flip_and_to_array_bit_for_bit(resample):
+    from fastload.vision.resample import resize_to_chw
+
+    rng = np.random.default_rng(int(resample))
+    for case in range(150):
+        width, height = (int(v) for v in rng.integers(1, 90, 2))
+        out_width, out_height = (int(v) for v in rng.integers(1, 90, 2))
+        if case % 7 == 0:   # one axis unchanged: Pillow skips that pass
+            out_width = width
+        if case % 11 == 0:
+            out_height = height
+        if case % 2:
+            img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        else:
+            img = photo(width, height, seed=case)
+        box = None
+        if case % 3 == 1:   # a float box, as a reduced-size decode uses
+            left, top = rng.uniform(0, width - 0.5), rng.uniform(0, height - 0.5)
+            box = (float(left), float(top), float(rng.uniform(left + 0.1, width)),
+                   float(rng.uniform(top + 0.1, height)))
+        flip = bool(case % 4 < 2)
+        expected = img.resize((out_width, out_height), resample, box=box)
+        if flip:
+            expected = expected.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        got = resize_to_chw(img, (out_width, out_height), resample, box=box, flip=flip)
+        assert got.flags.c_contiguous and got.dtype == np.uint8
+        assert np.array_equal(got, T.ToArray()(expected)), (case, img.size, box, flip)
+
+
+def test_resize_to_chw_refuses_what_it_cannot_reproduce():
+    from fastload.vision.resample import fusable, resize_to_chw
+
+    assert fusable("RGB", Image.Resampling.BILINEAR)
+    assert not fusable("L", Image.Resampling.BILINEAR)
+    assert not fusable("RGBA", Image.Resampling.BILINEAR)
+    assert not fusable("RGB", Image.Resampling.NEAREST)
+    with pytest.raises(ValueError, match="fusable"):
+        resize_to_chw(photo(mode="L"), (10, 10), Image.Resampling.BILINEAR)
+
+
+def test_resample_rows_names_what_is_wrong():
+    from fastload import _core
+
+    src = np.zeros((8, 12), dtype=np.uint8)
+    with pytest.raises(ValueError, match="resample=0"):
+        _core.resample_rows(src, 0, 8, np.zeros((4, 12), dtype=np.uint8), 0)
+    with pytest.raises(ValueError, match="12 columns and out 10"):
+        _core.resample_rows(src, 0, 8, np.zeros((4, 10), dtype=np.uint8), 2)
+    with pytest.raises(ValueError, match="not inside 0..8"):
+        _core.resample_rows(src, 2, 9, np.zeros((4, 12), dtype=np.uint8), 2)

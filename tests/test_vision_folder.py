@@ -563,3 +563,37 @@ def test_forked_readers_do_not_copy_the_sample_table(compact):
         assert megabytes < 4, f"a forked reader copied {megabytes:.1f} MB of the compact table"
     else:
         assert megabytes > 15, f"control: expected the list of tuples to be copied, got {megabytes:.1f} MB"
+
+
+def test_standard_pipeline_runs_fused_and_gives_the_transforms_own_pixels(tmp_path, monkeypatch,
+                                                                          draft_spy):
+    # RandomResizedCrop -> RandomHorizontalFlip -> ToArray runs as one fused
+    # resize (fastload.vision.resample); the pixels and the random draws must
+    # be exactly those of the transforms applied one by one to pil_loader's
+    # image.  (224 from images this small never decodes at reduced size.)
+    from fastload.vision import transforms as transforms_module
+
+    calls = []
+    fused = transforms_module.resize_to_chw
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(transforms_module, "resize_to_chw", counting)
+    root = str(tmp_path)
+    for index, size in enumerate([(500, 375), (333, 500), (96, 64)]):
+        save_image(f"{root}/c/{index}.jpg", size=size, seed=index)
+    pipeline = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToArray(),
+                          T.Normalize([0.5, 0.4, 0.3], [0.2, 0.3, 0.4])])
+    ds = ImageFolder(root, transform=pipeline)
+    for batch in range(6):
+        for index, (path, _) in enumerate(ds.samples):
+            seed_transform_rng(9, batch * 10 + index)
+            got = ds[index][0]
+            seed_transform_rng(9, batch * 10 + index)
+            expected = pipeline(pil_loader(path))
+            assert got.dtype == expected.dtype == np.float32
+            assert np.array_equal(got, expected), (batch, index)
+    assert len(calls) == 6 * len(ds)
+    assert draft_spy == []

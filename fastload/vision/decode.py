@@ -25,6 +25,15 @@ photos, for Resize, RandomResizedCrop and Resize + CenterCrop.
 When no reduction applies (non-JPEG, small box, NEAREST interpolation) the
 image is decoded fully and the transform's exact crop-then-resize is used, so
 the result is bit-identical to calling the transform on ``pil_loader(path)``.
+
+Fused resize
+------------
+When the resizing step is followed by ``[RandomHorizontalFlip,] ToArray``
+(the standard training pipeline), the three run as one
+(``fastload.vision.resample``): Pillow's resize arithmetic, bit for bit,
+about twice as fast as Pillow's own resize plus flip plus copy, with the
+flip's random draw taken at the same point.  Any other pipeline runs its
+steps one by one.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ from typing import Any, Protocol
 
 from PIL import Image
 
-from .transforms import Compose, RegionPlan
+from .resample import fusable
+from .transforms import Compose, RandomHorizontalFlip, RegionPlan, ToArray
 
 __all__ = ["pil_loader", "default_loader", "RegionPlanner", "split_planned_head", "decode_planned"]
 
@@ -84,8 +94,15 @@ def split_planned_head(transform: Any) -> tuple[RegionPlanner | None, Sequence[C
     return None, ()
 
 
-def decode_planned(path: str, head: RegionPlanner) -> Image.Image:
-    """``head(pil_loader(path))``, decoding the JPEG at reduced size when ``head``'s plan allows it."""
+def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = ()
+                   ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
+    """``(sample, steps_left)``: ``head(pil_loader(path))``, then the steps of ``rest`` it took.
+
+    The JPEG is decoded at reduced size when ``head``'s plan allows it.  When
+    ``rest`` begins with ``[RandomHorizontalFlip,] ToArray`` those two run
+    fused into the resampling (``RegionPlan.render_chw``: the same pixels and
+    the same random draw, in one pass), and ``steps_left`` is what follows them.
+    """
     with open(path, "rb") as f:
         img = Image.open(f)
         full_width, full_height = img.size
@@ -94,7 +111,22 @@ def decode_planned(path: str, head: RegionPlanner) -> Image.Image:
         if reduction > 1:
             reduction = _draft(img, reduction)
         img = _as_rgb(img)
-    return plan.render(img, reduction)
+    flip_step, fused_steps = _flip_and_to_array(rest)
+    if fused_steps and fusable(img.mode, plan.resample):
+        flip = flip_step.flips() if flip_step is not None else False
+        return plan.render_chw(img, reduction, flip), rest[fused_steps:]
+    return plan.render(img, reduction), rest
+
+
+def _flip_and_to_array(steps: Sequence[Any]) -> tuple[RandomHorizontalFlip | None, int]:
+    """``(the flip step or None, how many leading steps)`` when ``steps`` start with
+    ``[RandomHorizontalFlip,] ToArray``, else ``(None, 0)``.  Exact types only:
+    a subclass may behave otherwise."""
+    if len(steps) >= 2 and type(steps[0]) is RandomHorizontalFlip and type(steps[1]) is ToArray:
+        return steps[0], 2
+    if len(steps) >= 1 and type(steps[0]) is ToArray:
+        return None, 1
+    return None, 0
 
 
 def _draft(img: Image.Image, reduction: int) -> int:

@@ -299,7 +299,7 @@ class DatasetFolder(Dataset):
             head = None
         try:
             if head is not None:
-                sample = decode_planned(path, head)
+                sample, rest = decode_planned(path, head, rest)
             else:
                 sample = loader(path)
         except Exception as error:

@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 from ..rng import transform_rng
+from .resample import resize_to_chw
 
 __all__ = [
     "InterpolationMode",
@@ -181,6 +182,19 @@ class RegionPlan:
             return region.resize(self.size, self.resample)
         scaled_box = (left / reduction, top / reduction, right / reduction, bottom / reduction)
         return img.resize(self.size, self.resample, box=scaled_box)
+
+    def render_chw(self, img: Image.Image, reduction: int = 1, flip: bool = False) -> np.ndarray:
+        """``ToArray()`` of ``render(img, reduction)``, mirrored when ``flip``, in one pass.
+
+        The same pixels, bit for bit (see ``fastload.vision.resample``); only
+        where ``fusable(img.mode, self.resample)``.
+        """
+        left, top, right, bottom = self.box
+        if reduction == 1:
+            region = img if self.box == (0, 0, *img.size) else img.crop(self.box)
+            return resize_to_chw(region, self.size, self.resample, flip=flip)
+        scaled_box = (left / reduction, top / reduction, right / reduction, bottom / reduction)
+        return resize_to_chw(img, self.size, self.resample, box=scaled_box, flip=flip)
 
 
 class Compose:
@@ -421,8 +435,12 @@ class RandomHorizontalFlip:
     def __init__(self, p: float = 0.5) -> None:
         self.p = p
 
+    def flips(self) -> bool:
+        """Draw this call's coin: the one random number ``__call__`` uses."""
+        return transform_rng().random() < self.p
+
     def __call__(self, img: Any) -> Any:
-        if transform_rng().random() < self.p:
+        if self.flips():
             if isinstance(img, Image.Image):
                 return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             if isinstance(img, np.ndarray) and img.ndim >= 2:
