@@ -55,27 +55,22 @@ def fused(work):
             for img, box, flip in work]
 
 
+def _pillow_steps(img: Image.Image, box: tuple, flip: bool) -> Image.Image:
+    """Crop, resize and flip as the separate transforms (and torchvision's) do them."""
+    out = img.crop(box).resize((SIZE, SIZE), Image.Resampling.BILINEAR)
+    return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out
+
+
 def pillow_numpy(work):
-    result = []
-    for img, box, flip in work:
-        out = img.crop(box).resize((SIZE, SIZE), Image.Resampling.BILINEAR)
-        if flip:
-            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        result.append(np.ascontiguousarray(np.asarray(out).transpose(2, 0, 1)))
-    return result
+    return [np.ascontiguousarray(np.asarray(_pillow_steps(*item)).transpose(2, 0, 1))
+            for item in work]
 
 
 def torchvision_style(work):
     import torch
 
-    result = []
-    for img, box, flip in work:
-        out = img.crop(box).resize((SIZE, SIZE), Image.Resampling.BILINEAR)
-        if flip:
-            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        tensor = torch.from_numpy(np.array(out, copy=True)).permute(2, 0, 1)
-        result.append(tensor.contiguous())
-    return result
+    return [torch.from_numpy(np.array(_pillow_steps(*item), copy=True)).permute(2, 0, 1)
+            .contiguous() for item in work]
 
 
 def main() -> None:
