@@ -32,7 +32,6 @@ RESAMPLE_FILTERS = frozenset({RESAMPLE_LANCZOS, RESAMPLE_BILINEAR, RESAMPLE_BICU
 
 cdef enum:
     _PRECISION_BITS = 22          # 32 - 8 bits of result - 2 bits of headroom, as Pillow
-    _HALF = 1 << 21               # half a unit: sums start here, so the shift rounds
 
 
 cdef inline double _sinc(double x) noexcept nogil:
@@ -132,64 +131,61 @@ cdef extern from *:
     #include <stdint.h>
     #include <stddef.h>
 
-    #define FL_RESAMPLE_BLOCK 32
+    #define FL_PRECISION_BITS 22   /* _PRECISION_BITS */
+    #define FL_BLOCK 32            /* elements whose sums stay in registers */
 
-    #define FL_VERTICAL_ROWS_BODY                                                        \
-        for (int yy = 0; yy < out_h; yy++) {                                             \
-            int taps = bounds[2 * yy + 1];                                               \
-            const uint8_t *first_line = src + (ptrdiff_t)(bounds[2 * yy] - first_row) * src_row; \
-            const int32_t *w = weights + (ptrdiff_t)yy * ksize;                          \
-            uint8_t *dst = out + (ptrdiff_t)yy * out_row;                                \
-            ptrdiff_t i = 0;                                                             \
-            for (; i + FL_RESAMPLE_BLOCK <= n; i += FL_RESAMPLE_BLOCK) {                 \
-                int32_t acc[FL_RESAMPLE_BLOCK];                                          \
-                for (int j = 0; j < FL_RESAMPLE_BLOCK; j++) acc[j] = 1 << 21;            \
-                for (int t = 0; t < taps; t++) {                                         \
-                    const uint8_t *line = first_line + (ptrdiff_t)t * src_row + i;       \
-                    int32_t wt = w[t];                                                   \
-                    for (int j = 0; j < FL_RESAMPLE_BLOCK; j++) acc[j] += line[j] * wt;  \
-                }                                                                        \
-                for (int j = 0; j < FL_RESAMPLE_BLOCK; j++) {                            \
-                    int32_t v = acc[j] >> 22;                                            \
-                    dst[i + j] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));             \
-                }                                                                        \
-            }                                                                            \
-            for (; i < n; i++) {                                                         \
-                int32_t a = 1 << 21;                                                     \
-                for (int t = 0; t < taps; t++)                                           \
-                    a += first_line[(ptrdiff_t)t * src_row + i] * w[t];                  \
-                int32_t v = a >> 22;                                                     \
-                dst[i] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));                     \
-            }                                                                            \
+    #define FL_CLIP8(sum) ((uint8_t)((sum) >> FL_PRECISION_BITS < 0 ? 0 :           \
+        ((sum) >> FL_PRECISION_BITS > 255 ? 255 : (sum) >> FL_PRECISION_BITS)))
+
+    /* out row r = clip(sum over taps t of src row (bounds[2r] + t) * weight),
+       element by element over rows of n bytes. */
+    #define FL_RESAMPLE_ROWS_BODY                                                    \
+        for (int r = 0; r < out_rows; r++) {                                         \
+            int taps = bounds[2 * r + 1];                                            \
+            const uint8_t *first = src + (ptrdiff_t)bounds[2 * r] * n;               \
+            const int32_t *w = weights + (ptrdiff_t)r * ksize;                       \
+            uint8_t *dst = out + (ptrdiff_t)r * n;                                   \
+            ptrdiff_t i = 0;                                                         \
+            for (; i + FL_BLOCK <= n; i += FL_BLOCK) {                               \
+                int32_t acc[FL_BLOCK];                                               \
+                for (int j = 0; j < FL_BLOCK; j++) acc[j] = 1 << (FL_PRECISION_BITS - 1); \
+                for (int t = 0; t < taps; t++) {                                     \
+                    const uint8_t *line = first + (ptrdiff_t)t * n + i;              \
+                    int32_t wt = w[t];                                               \
+                    for (int j = 0; j < FL_BLOCK; j++) acc[j] += line[j] * wt;       \
+                }                                                                    \
+                for (int j = 0; j < FL_BLOCK; j++) dst[i + j] = FL_CLIP8(acc[j]);    \
+            }                                                                        \
+            for (; i < n; i++) {                                                     \
+                int32_t acc = 1 << (FL_PRECISION_BITS - 1);                          \
+                for (int t = 0; t < taps; t++) acc += first[(ptrdiff_t)t * n + i] * w[t]; \
+                dst[i] = FL_CLIP8(acc);                                              \
+            }                                                                        \
         }
 
-    #define FL_VERTICAL_ROWS_ARGS                                                        \
-        const uint8_t *src, ptrdiff_t src_row, ptrdiff_t n, int out_h,                   \
-        const int32_t *bounds, int first_row, const int32_t *weights, int ksize,         \
-        uint8_t *out, ptrdiff_t out_row
+    #define FL_RESAMPLE_ROWS_ARGS const uint8_t *src, ptrdiff_t n, int out_rows,     \
+        const int32_t *bounds, const int32_t *weights, int ksize, uint8_t *out
 
-    static void fl_vertical_rows_generic(FL_VERTICAL_ROWS_ARGS) { FL_VERTICAL_ROWS_BODY }
+    static void fl_resample_rows_generic(FL_RESAMPLE_ROWS_ARGS) { FL_RESAMPLE_ROWS_BODY }
 
     #if defined(__GNUC__) && defined(__x86_64__)
     __attribute__((target("avx2")))
-    static void fl_vertical_rows_avx2(FL_VERTICAL_ROWS_ARGS) { FL_VERTICAL_ROWS_BODY }
+    static void fl_resample_rows_avx2(FL_RESAMPLE_ROWS_ARGS) { FL_RESAMPLE_ROWS_BODY }
     static int fl_cpu_has_avx2(void) {
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2");
     }
     #else
-    static void fl_vertical_rows_avx2(FL_VERTICAL_ROWS_ARGS) { FL_VERTICAL_ROWS_BODY }
+    static void fl_resample_rows_avx2(FL_RESAMPLE_ROWS_ARGS) { FL_RESAMPLE_ROWS_BODY }
     static int fl_cpu_has_avx2(void) { return 0; }
     #endif
     """
-    void fl_vertical_rows_generic(const uint8_t* src, Py_ssize_t src_row, Py_ssize_t n,
-                                  int out_h, const int32_t* bounds, int first_row,
-                                  const int32_t* weights, int ksize, uint8_t* out,
-                                  Py_ssize_t out_row) noexcept nogil
-    void fl_vertical_rows_avx2(const uint8_t* src, Py_ssize_t src_row, Py_ssize_t n,
-                               int out_h, const int32_t* bounds, int first_row,
-                               const int32_t* weights, int ksize, uint8_t* out,
-                               Py_ssize_t out_row) noexcept nogil
+    void fl_resample_rows_generic(const uint8_t* src, Py_ssize_t n, int out_rows,
+                                  const int32_t* bounds, const int32_t* weights, int ksize,
+                                  uint8_t* out) noexcept nogil
+    void fl_resample_rows_avx2(const uint8_t* src, Py_ssize_t n, int out_rows,
+                               const int32_t* bounds, const int32_t* weights, int ksize,
+                               uint8_t* out) noexcept nogil
     int fl_cpu_has_avx2() noexcept nogil
 
 cdef bint _HAVE_AVX2 = fl_cpu_has_avx2()
@@ -228,8 +224,6 @@ def resample_rows(const uint8_t[:, ::1] src not None, double start, double stop,
     with nogil:
         _weights(resample, in_size, in0, in1, out_size, ksize, &b[0], &w[0], &tmp[0])
         if _HAVE_AVX2:
-            fl_vertical_rows_avx2(&src[0, 0], n, n, out_size, &b[0], 0, &w[0], ksize,
-                                  &out[0, 0], n)
+            fl_resample_rows_avx2(&src[0, 0], n, out_size, &b[0], &w[0], ksize, &out[0, 0])
         else:
-            fl_vertical_rows_generic(&src[0, 0], n, n, out_size, &b[0], 0, &w[0], ksize,
-                                     &out[0, 0], n)
+            fl_resample_rows_generic(&src[0, 0], n, out_size, &b[0], &w[0], ksize, &out[0, 0])
