@@ -115,6 +115,12 @@ class ArraySlot:
             return torch.from_numpy(array)
         return array
 
+    def matches(self, other: Any, values: list) -> bool:
+        return type(other) is ArraySlot and other.offset == self.offset \
+            and other.shape == self.shape and other.as_torch == self.as_torch \
+            and (other.dtype is self.dtype or (other.dtype == self.dtype
+                                               and other.dtype.metadata == self.dtype.metadata))
+
     def __reduce__(self):
         # Layouts cross the result pipe once per batch: a plain tuple and the
         # dtype's string (when it says everything) pickle several times faster
@@ -142,6 +148,13 @@ class Value:
     def build(self, buffer: np.ndarray) -> Any:
         return self.value
 
+    def matches(self, other: Any, values: list) -> bool:
+        # Any value matches; ``values`` collects the other tree's, in tree order.
+        if type(other) is not Value:
+            return False
+        values.append(other.value)
+        return True
+
     def __reduce__(self):
         return (Value, (self.value,))
 
@@ -164,6 +177,12 @@ class MappingNode:
             except Exception:
                 self.template = None
 
+    def matches(self, other: Any, values: list) -> bool:
+        # A template (a mapping subclass's clone) may carry state: not compared, never matches.
+        return type(other) is MappingNode and other.mapping_type is self.mapping_type \
+            and self.template is None and other.template is None and other.keys == self.keys \
+            and _children_match(self.children, other.children, values)
+
     def __reduce__(self):
         # Sent from a worker: a dict subclass travels as an emptied clone (its
         # own storage, so the sample is untouched), never with the sample's
@@ -171,7 +190,9 @@ class MappingNode:
         template = None
         if isinstance(self.template, dict):
             template = copy.copy(self.template)
-            dict.clear(template)
+            # Its own clear(): dict.clear would bypass the bookkeeping of a
+            # subclass such as OrderedDict (whose pickling then fails).
+            template.clear()
         return (_rebuild_mapping_node, (self.keys, self.children, template, self.mapping_type))
 
     def build(self, buffer: np.ndarray) -> Any:
@@ -195,6 +216,10 @@ class NamedTupleNode:
         self.tuple_type = tuple_type
         self.children = children
 
+    def matches(self, other: Any, values: list) -> bool:
+        return type(other) is NamedTupleNode and other.tuple_type is self.tuple_type \
+            and _children_match(self.children, other.children, values)
+
     def __reduce__(self):
         return (NamedTupleNode, (self.tuple_type, self.children))
 
@@ -210,6 +235,10 @@ class SequenceNode:
     def __init__(self, sequence_type: type | None, children: list) -> None:
         self.sequence_type = sequence_type
         self.children = children
+
+    def matches(self, other: Any, values: list) -> bool:
+        return type(other) is SequenceNode and other.sequence_type is self.sequence_type \
+            and _children_match(self.children, other.children, values)
 
     def __reduce__(self):
         return (SequenceNode, (self.sequence_type, self.children))
@@ -234,12 +263,13 @@ class BatchLayout:
     it matters only while filling, so it is not pickled.
     """
 
-    __slots__ = ("root", "nbytes", "length_checks")
+    __slots__ = ("root", "nbytes", "length_checks", "_value_leaves")
 
     def __init__(self, root: Any, length_checks: list | None = None) -> None:
         self.root = root
         self.nbytes = 0
         self.length_checks = length_checks or []
+        self._value_leaves: list | None = None
 
     def __reduce__(self):
         return (_rebuild_layout, (self.root, self.nbytes))
@@ -265,8 +295,44 @@ class BatchLayout:
         self.nbytes = offset
         return offset
 
-    def build(self, buffer: np.ndarray) -> Any:
-        return self.root.build(buffer)
+    def matches(self, other: "BatchLayout", values: list) -> bool:
+        """Whether ``other`` lays a batch out exactly as this one does (values aside);
+        if so, ``values`` ends up holding ``other``'s ``Value`` contents in tree order."""
+        return other.nbytes == self.nbytes and self.root.matches(other.root, values)
+
+    def value_leaves(self) -> list:
+        """The ``Value`` leaves, in tree order (computed once: the tree does not change shape)."""
+        if self._value_leaves is None:
+            self._value_leaves = [leaf for leaf in self.leaves() if isinstance(leaf, Value)]
+        return self._value_leaves
+
+    def detach_values(self) -> list:
+        """Take the ``Value`` leaves' contents out of the tree (before it is sent without them)."""
+        leaves = self.value_leaves()
+        values = [leaf.value for leaf in leaves]
+        for leaf in leaves:
+            leaf.value = None
+        return values
+
+    def build(self, buffer: np.ndarray, values: list | None = None) -> Any:
+        """The batch, its arrays viewing ``buffer``; ``values`` fill the ``Value`` leaves
+        of a layout sent without them (see ``layout_wire``)."""
+        if not values:
+            return self.root.build(buffer)
+        leaves = self.value_leaves()
+        for leaf, value in zip(leaves, values):
+            leaf.value = value
+        try:
+            return self.root.build(buffer)
+        finally:
+            # A layout is kept for the batches after this one: it must not
+            # keep this batch's values alive.
+            for leaf in leaves:
+                leaf.value = None
+
+
+def _children_match(mine: list, theirs: list, values: list) -> bool:
+    return len(mine) == len(theirs) and all(a.matches(b, values) for a, b in zip(mine, theirs))
 
 
 _DTYPES: dict[str, np.dtype] = {}

@@ -34,6 +34,7 @@ import numpy as np
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
+from fastload.layout_wire import LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
 from fastload.ring import Ring, SharedMemoryError
 from fastload.rng import SeedSource
@@ -416,6 +417,7 @@ class _MultiProcessIter(_BaseIter):
         self._persistent = loader.persistent_workers
         self._ring = Ring(in_flight=self._num_workers * self._prefetch)
         self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
+        self._layouts = [LayoutReceiver() for _ in range(self._num_workers)]
         source_args = (loader._iterable, loader._auto_collation, loader.collate_fn,
                        loader.batch_size, loader.drop_last)
         named = [("dataset", loader.dataset), ("batch settings and collate_fn", source_args),
@@ -517,6 +519,9 @@ class _MultiProcessIter(_BaseIter):
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
         kind, batch_no, slot_id, created, payload = reply
+        if kind == "batch":
+            # Decoded on arrival: a worker's layout numbers follow its sending order.
+            reply = (kind, batch_no, slot_id, created, self._layouts[worker].decode(payload))
         if created is not None:
             try:
                 self._ring.adopt(slot_id, created)
@@ -557,7 +562,8 @@ class _MultiProcessIter(_BaseIter):
             if ready is not None:
                 worker, (kind, batch_no, slot_id, _, payload) = ready
                 if kind == "batch":
-                    batch = payload.build(self._ring.lease(slot_id))
+                    layout, values = payload
+                    batch = layout.build(self._ring.lease(slot_id), values)
                     self._dispatch()
                     return self._deliver(batch)
                 self._ring.release(slot_id)

@@ -67,6 +67,7 @@ class BatchSource:
         self.default_collate = collate_fn is default_collate
         self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
             and not iterable else None
+        self._array_layouts: dict[int, BatchLayout] = {}
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
         self._base_seed = 0
@@ -116,11 +117,16 @@ class BatchSource:
             rows = row_map[rows]
         rows = np.ascontiguousarray(rows)
         n = rows.shape[0]
-        slots = [ArraySlot(a.dtype, (n,) + a.shape[1:]) for a in arrays]
-        layout = BatchLayout(SequenceNode(None, slots))
-        layout.assign_offsets()
+        layout = self._array_layouts.get(n)
+        if layout is None:
+            # Every batch of n rows has the same layout: one object, reused
+            # (it is never changed after this).
+            layout = BatchLayout(SequenceNode(None, [ArraySlot(a.dtype, (n,) + a.shape[1:])
+                                                     for a in arrays]))
+            layout.assign_offsets()
+            self._array_layouts[n] = layout
         buffer = allocate(layout.nbytes)
-        for array, slot in zip(arrays, slots):
+        for array, slot in zip(arrays, layout.root.children):
             _core.gather_rows(array, rows, slot.view(buffer))
         return layout, buffer
 

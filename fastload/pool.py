@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.frames import FrameReader, send_frame
 from fastload.ring import Segment, unlink_name
 from fastload.worker import worker_loop
 
@@ -122,6 +123,10 @@ class WorkerPool:
         self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix)
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
+        self._task_fds: list[int] = []
+        self._readers: list[FrameReader] = []
+        # Workers whose reader holds bytes past the message it last gave.
+        self._leftover: set[int] = set()
         self._child_ends: list[tuple[Any, Any]] = []   # (task_reader, result_writer), until start()
         self._max_task_bytes = _DEFAULT_PIPE_BYTES
         try:
@@ -130,6 +135,8 @@ class WorkerPool:
                 result_reader, result_writer = context.Pipe(duplex=False)
                 self._task_conns.append(task_writer)
                 self._result_conns.append(result_reader)
+                self._task_fds.append(task_writer.fileno())
+                self._readers.append(FrameReader(result_reader.fileno()))
                 self._child_ends.append((task_reader, result_writer))
                 capacity = min(_enlarge_pipe(task_writer), _enlarge_pipe(result_writer))
                 # Every unread task (at most `prefetch`, plus control messages)
@@ -206,7 +213,7 @@ class WorkerPool:
     def _send_bytes(self, worker_id: int, data: bytes) -> None:
         """Write a task; a worker that has gone (its pipe is closed) raises ``WorkerDied``."""
         try:
-            self._task_conns[worker_id].send_bytes(data)
+            send_frame(self._task_fds[worker_id], data)
         except (BrokenPipeError, ConnectionResetError):
             # e.g. killed while idle between two epochs of persistent workers
             process = self.processes[worker_id]
@@ -219,6 +226,12 @@ class WorkerPool:
         Raises ``WorkerDied`` as soon as a worker has exited (after its
         pending answers have been read).
         """
+        # Answers already read (one read can bring several) come first.
+        if self._leftover:
+            for worker_id in sorted(self._leftover):
+                got = self._take(worker_id)
+                if got is not None:
+                    return got
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
@@ -234,14 +247,28 @@ class WorkerPool:
                     dead = self._process_of_fd.get(fd)
                     continue
                 try:
-                    return worker_id, self._result_conns[worker_id].recv()
+                    self._readers[worker_id].fill()
                 except EOFError:
                     # The worker is gone; its sentinel says why.
                     self._poller.unregister(fd)
                     del self._worker_of_fd[fd]
+                    continue
+                got = self._take(worker_id)
+                if got is not None:
+                    return got
             if dead is not None:
                 dead.join(timeout=1.0)
                 raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
+
+    def _take(self, worker_id: int) -> tuple[int, Any] | None:
+        """The next whole answer read from ``worker_id``, if there is one."""
+        reader = self._readers[worker_id]
+        message = reader.pending()
+        if reader.has_leftover:
+            self._leftover.add(worker_id)
+        else:
+            self._leftover.discard(worker_id)
+        return None if message is None else (worker_id, pickle.loads(message))
 
     def shutdown(self, wait: bool = True) -> None:
         """Ask every worker to exit; reap them within a bounded time, terminating the rest.
@@ -259,7 +286,7 @@ class WorkerPool:
         for conn, process in zip(self._task_conns, self.processes):
             if process.is_alive():
                 try:
-                    conn.send_bytes(pickle.dumps(None))
+                    send_frame(conn.fileno(), pickle.dumps(None))
                 except OSError:
                     pass  # it is exiting already
         if wait:

@@ -92,7 +92,7 @@ class Segment:
     view of it) does; ``unlink`` only removes the name.
     """
 
-    __slots__ = ("name", "size", "array")
+    __slots__ = ("name", "size", "array", "_interface")
 
     def __init__(self, name: str, size: int = 0, create: bool = False,
                  populate: bool = False) -> None:
@@ -124,6 +124,15 @@ class Segment:
             os.close(fd)
         self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \
             else np.empty(0, dtype=np.uint8)
+
+    @property
+    def interface(self) -> dict:
+        """``array``'s ``__array_interface__``, made once: a lease per batch shares it."""
+        try:
+            return self._interface
+        except AttributeError:
+            self._interface = self.array.__array_interface__
+            return self._interface
 
     def unlink(self) -> None:
         """Remove the name (idempotent); the mapping stays valid for its holders."""
@@ -184,19 +193,13 @@ class SlotLease:
     when the last one is gone the slot goes back to the ring.
     """
 
-    __slots__ = ("__array_interface__", "slot_id", "_segment_array", "_release", "__weakref__")
+    __slots__ = ("__array_interface__", "slot_id", "_segment", "_release", "__weakref__")
 
-    def __init__(self, segment_array: np.ndarray, slot_id: int,
-                 release: Callable[[int], None]) -> None:
+    def __init__(self, segment: "Segment", slot_id: int, release: Callable[[int], None]) -> None:
         self.slot_id = slot_id
-        self._segment_array = segment_array  # keeps the mapping alive
+        self._segment = segment  # keeps the mapping alive
         self._release = release
-        self.__array_interface__ = {
-            "data": (segment_array.__array_interface__["data"][0], False),
-            "shape": (segment_array.shape[0],),
-            "typestr": "|u1",
-            "version": 3,
-        }
+        self.__array_interface__ = segment.interface
 
     def __del__(self) -> None:
         release, self._release = self._release, None
@@ -204,15 +207,16 @@ class SlotLease:
             release(self.slot_id)
 
     def __repr__(self) -> str:
-        return f"<SlotLease slot={self.slot_id} bytes={self._segment_array.shape[0]}>"
+        return f"<SlotLease slot={self.slot_id} bytes={self._segment.size}>"
 
 
 class _Slot:
-    __slots__ = ("segment", "generation")
+    __slots__ = ("segment", "generation", "info")
 
     def __init__(self) -> None:
         self.segment: Segment | None = None
         self.generation = 0
+        self.info: SlotInfo | None = None  # made on first use, until the segment changes
 
 
 class Ring:
@@ -253,9 +257,11 @@ class Ring:
 
     def info(self, slot_id: int) -> SlotInfo:
         slot = self._slots[slot_id]
-        name = slot.segment.name if slot.segment is not None else None
-        capacity = slot.segment.size if slot.segment is not None else 0
-        return SlotInfo(slot_id, name, capacity, self._name(slot_id, slot.generation + 1))
+        if slot.info is None:
+            name = slot.segment.name if slot.segment is not None else None
+            capacity = slot.segment.size if slot.segment is not None else 0
+            slot.info = SlotInfo(slot_id, name, capacity, self._name(slot_id, slot.generation + 1))
+        return slot.info
 
     def release(self, slot_id: int) -> None:
         """Give a slot back (a lease died, or a task's slot was not used)."""
@@ -300,6 +306,7 @@ class Ring:
             slot.segment.unlink()
         slot.segment = new_segment
         slot.generation += 1
+        slot.info = None
         if not self._space_checked:
             # The first batch tells how big a slot is: check now that the
             # whole ring fits, rather than failing slot by slot later.
@@ -315,7 +322,7 @@ class Ring:
         segment = self._slots[slot_id].segment
         if segment is None:
             return np.empty(0, dtype=np.uint8)
-        return np.asarray(SlotLease(segment.array, slot_id, self.release))
+        return np.asarray(SlotLease(segment, slot_id, self.release))
 
     # -- teardown ------------------------------------------------------------
 

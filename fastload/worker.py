@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from fastload.fetch import BatchSource
+from fastload.frames import FrameReader, send_frame
+from fastload.layout_wire import LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",
@@ -211,8 +213,8 @@ class ParentWatch:
             self.fd = None
 
 
-def _read_task(task_conn: Any) -> Any:
-    message = pickle.loads(task_conn.recv_bytes())
+def _decode_task(data: bytes) -> Any:
+    message = pickle.loads(data)
     if message is not None and message[0] == "indirect":
         # A task too large for the pipe: it waits in shared memory (see pool.py).
         _, name, size = message
@@ -270,6 +272,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         # The main process re-raises it and stops the pool.
         return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
     writer = SlotWriter()
+    layouts = LayoutSender()
     # One poll object for the life of the worker: Connection.poll() would
     # build a selector on every call, on the per-batch path.
     tasks_ready = select.poll()
@@ -278,14 +281,21 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     if parent.fd is not None:
         tasks_ready.register(parent.fd, select.POLLIN)
     liveness_ms = None if parent.fd is not None else int(LIVENESS_INTERVAL * 1000)
+    tasks = FrameReader(task_fd)
     while True:
         try:
-            events = tasks_ready.poll(liveness_ms)
-            if not any(fd == task_fd for fd, _ in events):
-                if parent.gone():
-                    break  # the main process is gone: nobody will read our batches
-                continue
-            message = _read_task(task_conn)
+            data = tasks.pending()  # tasks sent together arrive in one read
+            if data is None:
+                events = tasks_ready.poll(liveness_ms)
+                if not any(fd == task_fd for fd, _ in events):
+                    if parent.gone():
+                        break  # the main process is gone: nobody will read our batches
+                    continue
+                tasks.fill()
+                data = tasks.pending()
+                if data is None:
+                    continue  # part of a long task: the rest is on its way
+            message = _decode_task(data)
         except (EOFError, OSError):
             break  # the main process closed our task pipe without a word: it died
         if message is None:
@@ -309,6 +319,13 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             kind, payload = "end", None
         except BaseException:
             kind, payload = "error", ExceptionWrapper(where)
+        if kind == "batch":
+            try:
+                payload = layouts.encode(payload)
+            except Exception:
+                # e.g. a non-array leaf of the batch that cannot be pickled
+                kind, payload = "error", ExceptionWrapper(
+                    f"{where} (sending the batch to the main process)")
         # The created segment is reported even for a failed batch, so the main
         # process adopts (and later unlinks) it.
         reply = (kind, batch_no, slot_info.slot_id, allocation.created_name, payload)
@@ -321,15 +338,16 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
 def _send(conn: Any, reply: tuple, where: str = "") -> bool:
     """Send a reply; a batch that cannot be pickled becomes an error reply."""
     try:
-        conn.send(reply)
+        send_frame(conn.fileno(), pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
         return True
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return False  # the main process is gone
     except Exception:
-        # e.g. a non-array leaf of the batch that cannot be pickled
+        # e.g. an exception (in an error reply) that cannot be pickled
         error = ExceptionWrapper(f"{where} (sending the batch to the main process)")
         try:
-            conn.send(("error",) + reply[1:4] + (error,))
+            send_frame(conn.fileno(), pickle.dumps(("error",) + reply[1:4] + (error,),
+                                                   protocol=pickle.HIGHEST_PROTOCOL))
             return True
         except Exception:
             return False

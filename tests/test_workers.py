@@ -1,5 +1,6 @@
 """Worker processes: same batches for any num_workers, seeding, worker info, epochs."""
 
+import collections
 import os
 import random
 import subprocess
@@ -71,6 +72,18 @@ def test_same_batches_with_custom_collate_and_without_batching():
         single = epoch(DataLoader(DictSamples(40), **kwargs))
         multi = epoch(DataLoader(DictSamples(40), num_workers=2, **kwargs))
         assert single == multi and len(single) > 0
+
+
+def test_mapping_subclasses_come_back_from_workers_as_themselves():
+    # A dict subclass travels as an emptied clone of the first sample; an
+    # OrderedDict emptied with dict.clear could not be pickled.
+    samples = [collections.OrderedDict(a=np.full(2, i), b=f"n{i}") for i in range(12)]
+    samples += [collections.defaultdict(list, a=np.full(2, i), b=f"n{i}") for i in range(12)]
+    single = list(DataLoader(samples, batch_size=4))
+    multi = list(DataLoader(samples, batch_size=4, num_workers=2))
+    assert [type(b) for b in multi] == [collections.OrderedDict] * 3 + [collections.defaultdict] * 3
+    assert [flatten(b) for b in multi] == [flatten(b) for b in single]
+    assert multi[-1].default_factory is list
 
 
 def test_in_order_false_yields_every_batch_once():

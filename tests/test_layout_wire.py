@@ -1,0 +1,135 @@
+"""Layouts sent once per worker: what the main process rebuilds is the batch the worker made."""
+
+import collections
+import pickle
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload import DataLoader
+from fastload.collate import collate_into, pack_into
+from fastload.layout_wire import _MAX_LAYOUTS, LayoutReceiver, LayoutSender
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def flatten(batch):
+    if isinstance(batch, np.ndarray):
+        return ("array", batch.dtype.str, batch.shape, batch.tobytes())
+    if isinstance(batch, dict):
+        return (type(batch).__name__, tuple((k, flatten(v)) for k, v in batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, tuple(flatten(v) for v in batch))
+    return ("value", batch)
+
+
+def records(start, n, width=4):
+    return [{"x": np.full(width, i, dtype=np.float32), "y": i, "name": f"r{i}"}
+            for i in range(start, start + n)]
+
+
+def send_and_rebuild(sender, receiver, samples, pack=False):
+    """One batch through the wire, as a worker and the main process handle it."""
+    layout, buffer = pack_into(samples) if pack else collate_into(samples)
+    expected = flatten(layout.build(buffer))
+    wire = pickle.loads(pickle.dumps(sender.encode(layout)))
+    rebuilt, values = receiver.decode(wire)
+    return wire, expected, flatten(rebuilt.build(buffer, values))
+
+
+def test_a_repeated_layout_is_sent_once_and_values_still_arrive():
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    wires = []
+    for start in (0, 8, 16):
+        wire, expected, got = send_and_rebuild(sender, receiver, records(start, 8))
+        assert got == expected
+        wires.append(wire)
+    assert wires[0][1] is not None                  # the layout, once
+    assert wires[1][1] is None and wires[2][1] is None
+    assert wires[0][0] == wires[1][0] == wires[2][0]
+    assert pickle.loads(wires[2][2]) == [[f"r{i}" for i in range(16, 24)]]  # one leaf's values
+
+
+def test_changed_layouts_get_their_own_numbers_and_old_ones_are_reused():
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    batches = [records(0, 8), records(8, 8, width=6), records(16, 5), records(24, 8)]
+    wires = []
+    for samples in batches:
+        wire, expected, got = send_and_rebuild(sender, receiver, samples)
+        assert got == expected
+        wires.append(wire)
+    ids = [w[0] for w in wires]
+    assert ids[0] != ids[1] != ids[2] and ids[3] == ids[0]
+    assert [w[1] is None for w in wires] == [False, False, False, True]
+
+
+@pytest.mark.parametrize("change", ["dtype", "keys", "shape", "sequence type"])
+def test_a_layout_differing_in_one_detail_is_not_taken_for_the_last(change):
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    first = [(np.zeros(3, np.int32), "a"), (np.ones(3, np.int32), "b")]
+    second = {
+        "dtype": [(np.zeros(3, np.int64), "a"), (np.ones(3, np.int64), "b")],
+        "keys": [{"k": np.zeros(3, np.int32)}, {"k": np.ones(3, np.int32)}],
+        "shape": [(np.zeros(4, np.int32), "a"), (np.ones(4, np.int32), "b")],
+        "sequence type": [[np.zeros(3, np.int32), "a"], [np.ones(3, np.int32), "b"]],
+    }[change]
+    send_and_rebuild(sender, receiver, first)
+    wire, expected, got = send_and_rebuild(sender, receiver, second)
+    assert wire[1] is not None and got == expected
+
+
+def test_mappings_with_state_are_compared_by_their_pickled_form():
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    for start in (0, 4):
+        samples = [collections.OrderedDict(a=np.full(2, i), b=f"n{i}") for i in range(start, start + 4)]
+        wire, expected, got = send_and_rebuild(sender, receiver, samples)
+        assert got == expected and expected[0] == "OrderedDict"
+    assert wire[1] is None  # equal pickled layouts share a number all the same
+
+
+def test_layouts_past_the_limit_travel_whole_and_are_not_kept():
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    for width in range(1, _MAX_LAYOUTS + 4):
+        wire, expected, got = send_and_rebuild(sender, receiver, records(0, 3, width=width))
+        assert got == expected
+        assert wire[1] is not None
+        assert (wire[0] == -1) == (width > _MAX_LAYOUTS)
+    assert len(receiver._layouts) == _MAX_LAYOUTS
+
+
+def test_unpicklable_values_fail_in_encode_without_taking_a_number():
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    bad = [{"x": np.zeros(2), "f": lambda: 0}, {"x": np.ones(2), "f": lambda: 1}]
+    layout, _ = pack_into(bad)
+    with pytest.raises(Exception):
+        sender.encode(layout)
+    # The next layout, the same shape with plain values, is sent whole: no
+    # number was taken that the main process never received.
+    wire, expected, got = send_and_rebuild(sender, receiver, [{"x": np.zeros(2), "f": 0},
+                                                              {"x": np.ones(2), "f": 1}], pack=True)
+    assert wire[1] is not None and got == expected
+
+
+def test_a_kept_layout_does_not_hold_the_values_of_the_last_batch():
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    send_and_rebuild(sender, receiver, records(0, 4))
+    layout = receiver._layouts[0]
+    assert [leaf.value for leaf in layout.value_leaves()] == [None]
+
+
+def test_workers_rebuild_batches_whose_layout_keeps_changing():
+    class Changing(fl.Dataset):
+        """Widths cycle through more layouts than a worker keeps, then repeat."""
+
+        def __len__(self):
+            return 6 * (_MAX_LAYOUTS + 10)
+
+        def __getitem__(self, i):
+            width = 1 + (i // 3) % (_MAX_LAYOUTS + 5)
+            return {"x": np.full(width, i, dtype=np.int16), "tag": f"t{i}", "i": i}
+
+    single = [flatten(b) for b in DataLoader(Changing(), batch_size=3)]
+    multi = [flatten(b) for b in DataLoader(Changing(), batch_size=3, num_workers=2,
+                                            persistent_workers=True)]
+    assert len(single) == 2 * (_MAX_LAYOUTS + 10) and multi == single
