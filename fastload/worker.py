@@ -8,10 +8,13 @@ pipe; array bytes never travel through either (they go into ring slots):
 * ``("batch", batch_no, slot, packed, indices)``: make batch ``batch_no`` in
   the slot (``packed``: the indices are an int64 array's bytes); the answer
   is ``("batch" | "end" | "error", batch_no, slot_id,
-  created_segment_name, layout_or_error)``;
+  created_segment_name, encoded_layout_or_error)`` (a layout travels once
+  per worker, then by number: see ``layout_wire``);
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
 * ``("indirect", name, size)``: the real message waits in shared memory;
 * ``None``: exit.
+
+Both pipes carry ``frames`` (a length, then a pickle).
 
 A worker also exits by itself when the main process dies (it watches for
 that, see ``ParentWatch``), and then unlinks every segment of its ring, so a
@@ -336,7 +339,9 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
 
 
 def _send(conn: Any, reply: tuple, where: str = "") -> bool:
-    """Send a reply; a batch that cannot be pickled becomes an error reply."""
+    """Send a reply; one that cannot be pickled (an odd exception) becomes an error reply.
+
+    A batch's own values were pickled already, by ``LayoutSender.encode``."""
     try:
         send_frame(conn.fileno(), pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
         return True
