@@ -122,9 +122,9 @@ class ArraySlot:
                                                and other.dtype.metadata == self.dtype.metadata))
 
     def __reduce__(self):
-        # Layouts cross the result pipe once per batch: a plain tuple and the
-        # dtype's string (when it says everything) pickle several times faster
-        # than the default slot state with a dtype object.
+        # Each new layout crosses the result pipe (see layout_wire): a plain
+        # tuple and the dtype's string (when it says everything) pickle
+        # several times faster than the default slot state with a dtype object.
         dtype = self.dtype
         token = dtype.str if dtype.fields is None and dtype.metadata is None \
             and dtype.kind not in "OV" else dtype

@@ -53,6 +53,10 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     return dataset.arrays, (None if row_map is None else np.ascontiguousarray(row_map, np.int64))
 
 
+# Batch sizes whose ArrayDataset layout a BatchSource keeps (usually two: full and last).
+_KEPT_ARRAY_LAYOUTS = 16
+
+
 class BatchSource:
     """Makes the batches of one DataLoader, in the main process or in a worker."""
 
@@ -120,7 +124,10 @@ class BatchSource:
         layout = self._array_layouts.get(n)
         if layout is None:
             # Every batch of n rows has the same layout: one object, reused
-            # (it is never changed after this).
+            # (it is never changed after this).  A sampler of ever-new batch
+            # sizes must not grow this without end.
+            if len(self._array_layouts) >= _KEPT_ARRAY_LAYOUTS:
+                self._array_layouts.clear()
             layout = BatchLayout(SequenceNode(None, [ArraySlot(a.dtype, (n,) + a.shape[1:])
                                                      for a in arrays]))
             layout.assign_offsets()

@@ -93,7 +93,7 @@ class Segment:
     view of it) does; ``unlink`` only removes the name.
     """
 
-    __slots__ = ("name", "size", "array", "_interface")
+    __slots__ = ("name", "size", "array", "interface")
 
     def __init__(self, name: str, size: int = 0, create: bool = False,
                  populate: bool = False) -> None:
@@ -125,15 +125,8 @@ class Segment:
             os.close(fd)
         self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \
             else np.empty(0, dtype=np.uint8)
-
-    @property
-    def interface(self) -> dict:
-        """``array``'s ``__array_interface__``, made once: a lease per batch shares it."""
-        try:
-            return self._interface
-        except AttributeError:
-            self._interface = self.array.__array_interface__
-            return self._interface
+        # ``array``'s ``__array_interface__``, made once: every lease shares it.
+        self.interface = self.array.__array_interface__
 
     def unlink(self) -> None:
         """Remove the name (idempotent); the mapping stays valid for its holders."""
