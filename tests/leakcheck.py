@@ -50,23 +50,18 @@ def is_alive(pid: int) -> bool:
 
 def _helper_pids() -> set[int]:
     """multiprocessing's session-long helpers: the resource tracker and the forkserver."""
+    import importlib
+
     pids = set()
-    try:
-        from multiprocessing import resource_tracker
-
-        pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    for module_name, instance, field in (("resource_tracker", "_resource_tracker", "_pid"),
+                                         ("forkserver", "_forkserver", "_forkserver_pid")):
+        try:
+            module = importlib.import_module(f"multiprocessing.{module_name}")
+            pid = getattr(getattr(module, instance), field, None)
+        except Exception:  # pragma: no cover
+            continue
         if pid:
             pids.add(pid)
-    except Exception:  # pragma: no cover
-        pass
-    try:
-        from multiprocessing import forkserver
-
-        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-        if pid:
-            pids.add(pid)
-    except Exception:  # pragma: no cover
-        pass
     return pids
 
 
