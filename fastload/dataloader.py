@@ -499,7 +499,7 @@ class _MultiProcessIter(_BaseIter):
             return
         for slot_id, name in self._ring.take_retired():
             self._pool.broadcast(("retire", slot_id, name))
-        slot = self._ring.acquire()
+        slot = self._ring.acquire(worker)
         batch_no = self._next_batch_no
         self._next_batch_no += 1
         self._tasks[batch_no] = (worker, slot.slot_id)

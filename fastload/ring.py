@@ -206,12 +206,13 @@ class SlotLease:
 
 
 class _Slot:
-    __slots__ = ("segment", "generation", "info")
+    __slots__ = ("segment", "generation", "info", "writer")
 
     def __init__(self) -> None:
         self.segment: Segment | None = None
         self.generation = 0
         self.info: SlotInfo | None = None  # made on first use, until the segment changes
+        self.writer = -1                   # the worker that last got it
 
 
 class Ring:
@@ -239,15 +240,27 @@ class Ring:
 
     # -- slot circulation ----------------------------------------------------
 
-    def acquire(self) -> SlotInfo:
-        """A free slot for the next task, growing the ring if the caller holds them all."""
+    def acquire(self, writer: int = 0) -> SlotInfo:
+        """A free slot for a task of worker ``writer``, growing the ring if the caller holds them all.
+
+        A slot that ``writer`` filled before is preferred: a worker maps each
+        slot it is given, so keeping slots with their writer halves what every
+        worker maps (and, with new workers every epoch, maps again).
+        """
         self.collect()
-        if self._free:
-            slot_id = self._free.popleft()
+        free = self._free
+        if free:
+            for slot_id in free:
+                if self._slots[slot_id].writer == writer:
+                    free.remove(slot_id)
+                    break
+            else:
+                slot_id = free.popleft()
         else:
             slot_id = self._next_id
             self._next_id += 1
             self._slots[slot_id] = _Slot()
+        self._slots[slot_id].writer = writer
         return self.info(slot_id)
 
     def info(self, slot_id: int) -> SlotInfo:

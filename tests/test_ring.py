@@ -111,6 +111,21 @@ def test_acquire_release_collect(prefix):
         ring.close()
 
 
+def test_a_free_slot_goes_back_to_the_worker_that_filled_it(prefix):
+    ring = Ring(in_flight=4, prefix=prefix)
+    try:
+        first = [ring.acquire(writer).slot_id for writer in (0, 1, 0, 1)]
+        for slot_id in first:                  # all free again, oldest first: 0, 1, 0, 1
+            ring.release(slot_id)
+        again = [ring.acquire(writer).slot_id for writer in (1, 1, 0, 0)]
+        assert again == [first[1], first[3], first[0], first[2]]
+        ring.release(again[0])                 # only worker 1's slot is free: worker 0 takes it
+        assert ring.acquire(0).slot_id == again[0]
+        assert ring.slot_count == 4
+    finally:
+        ring.close()
+
+
 def test_slot_info_names_the_next_generation(prefix):
     ring = Ring(in_flight=1, prefix=prefix)
     writer = SlotWriter()
