@@ -10,9 +10,11 @@ and prints, per epoch (median over the epochs after the first):
 
 The difference between the two modes is what starting and stopping two
 worker processes costs per epoch.  Diagnostic only: the comparison with torch
-lives in ``bench_loader.py``.
+lives in ``bench_loader.py``.  ``--workers 2`` runs one mode alone, e.g. under
+``perf record -a -g`` to see where the kernel's share of new workers goes.
 
     python bench/epoch_costs.py --workload dict --epochs 12
+    perf record -a -g -- python bench/epoch_costs.py --workload tiny --workers 2 --epochs 150
 """
 
 from __future__ import annotations
@@ -79,12 +81,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="dict", choices=["tiny", "array", "dict"])
     parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--workers", nargs="+", default=["2", "2p"], choices=["2", "2p"],
+                        help="2: new workers every epoch; 2p: persistent workers")
     options = parser.parse_args()
     print(f"{options.workload}, 2 workers, median of epochs 2..{options.epochs}")
     print("| workers | epoch (ms) | first batch (ms) | main CPU (ms) | workers' CPU (ms) "
           "| main page faults | samples/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for persistent in (False, True):
+    for workers in options.workers:
+        persistent = workers == "2p"
         r = run(options.workload, persistent, options.epochs)
         print(f"| {'2p' if persistent else '2'} | {r['wall_ms']:.1f} | {r['first_ms']:.1f} | "
               f"{r['main_cpu_ms']:.1f} | {r['worker_cpu_ms']:.1f} | {r['main_faults']:.0f} | "
