@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
 from fastload.ring import Segment, unlink_name
 from fastload.worker import worker_loop
@@ -159,6 +160,7 @@ class WorkerPool:
         freeze = self.context.get_start_method() == "fork" and gc.get_freeze_count() == 0
         if freeze:
             gc.freeze()
+        placement = WorkerPlacement()
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
                 process = self.context.Process(
@@ -171,6 +173,8 @@ class WorkerPool:
                 # imported anything: all workers start up concurrently.
                 process.start()
                 self.processes.append(process)
+                # See NOTE [ Why new workers are moved off the main process's CPU ].
+                placement.start_on_own_cpu(worker_id, process.pid)
                 # The worker's ends: EOF then means the worker is gone.
                 task_reader.close()
                 result_writer.close()

@@ -1,0 +1,116 @@
+"""Where new workers start: spread over the CPUs, yet with the affinity they inherited."""
+
+import errno
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload import cpu_placement
+from fastload.cpu_placement import WorkerPlacement
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)"),
+]
+
+
+class AffinityPerSample(fl.Dataset):
+    """Each sample is the CPU set of the process that fetched it."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.array(sorted(os.sched_getaffinity(0)), dtype=np.int64)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_keep_the_main_process_affinity(method):
+    loader = fl.DataLoader(AffinityPerSample(), batch_size=2, num_workers=2,
+                           multiprocessing_context=method)
+    expected = sorted(os.sched_getaffinity(0))
+    for batch in loader:
+        for row in batch:
+            assert row.tolist() == expected
+
+
+@pytest.fixture
+def fake_cpus(monkeypatch):
+    """Pretend the main process may use ``allowed`` and runs on ``current``; record setaffinity calls."""
+    calls = []
+
+    def configure(allowed, current, fail_on=()):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(allowed))
+        monkeypatch.setattr(cpu_placement, "_sched_getcpu", lambda: current)
+
+        def setaffinity(pid, cpus):
+            calls.append((pid, set(cpus)))
+            if len(calls) in fail_on:
+                raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(os, "sched_setaffinity", setaffinity)
+        return calls
+
+    return configure
+
+
+def test_workers_spread_with_the_main_process_cpu_last(fake_cpus):
+    calls = fake_cpus(allowed={0, 1, 2, 3}, current=1)
+    placement = WorkerPlacement()
+    assert placement.order == [2, 3, 0, 1]
+    for worker_index in range(5):
+        placement.start_on_own_cpu(worker_index, 1000 + worker_index)
+    pins = [cpus for _, cpus in calls[0::2]]
+    restores = [cpus for _, cpus in calls[1::2]]
+    assert pins == [{2}, {3}, {0}, {1}, {2}]
+    assert restores == [{0, 1, 2, 3}] * 5
+    assert [pid for pid, _ in calls] == [p for p in range(1000, 1005) for _ in (0, 1)]
+
+
+def test_unknown_current_cpu_keeps_the_plain_order(fake_cpus):
+    fake_cpus(allowed={4, 2, 7}, current=-1)
+    assert WorkerPlacement().order == [2, 4, 7]
+
+
+def test_a_single_allowed_cpu_moves_nothing(fake_cpus):
+    calls = fake_cpus(allowed={3}, current=3)
+    placement = WorkerPlacement()
+    placement.start_on_own_cpu(0, 1234)
+    assert placement.order == [] and calls == []
+
+
+def test_a_failed_restore_falls_back_to_every_cpu_rather_than_a_pin(fake_cpus):
+    # The CPU set changed between reading and restoring it: the kernel refuses the
+    # old set, so the worker gets every CPU (intersected by the kernel) instead.
+    calls = fake_cpus(allowed={0, 1}, current=0, fail_on=(2,))
+    WorkerPlacement().start_on_own_cpu(0, 4321)
+    assert [cpus for _, cpus in calls] == [{1}, {0, 1}, set(range(os.cpu_count() or 1))]
+
+
+def test_a_failed_pin_leaves_the_worker_alone(fake_cpus):
+    calls = fake_cpus(allowed={0, 1}, current=0, fail_on=(1,))
+    WorkerPlacement().start_on_own_cpu(0, 4321)
+    assert len(calls) == 1
+
+
+def test_real_process_ends_with_its_inherited_affinity():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        placement = WorkerPlacement()
+        placement.start_on_own_cpu(0, child.pid)
+        assert os.sched_getaffinity(child.pid) == os.sched_getaffinity(0)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+def test_a_process_that_is_gone_is_ignored():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    placement = WorkerPlacement()
+    placement.start_on_own_cpu(0, child.pid)  # no error: placement is only a hint
+    placement.start_on_own_cpu(1, None)
