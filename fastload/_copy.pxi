@@ -13,6 +13,7 @@ cimport numpy as cnp
 from cpython.bool cimport PyBool_Check
 from cpython.float cimport PyFloat_AsDouble, PyFloat_Check
 from cpython.long cimport PyLong_AsLongLong, PyLong_Check
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject_GetItem
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
@@ -34,10 +35,43 @@ SCALAR_FLOAT = 2    # Python float -> float64
 SCALAR_BOOL = 3     # Python bool -> bool
 SCALAR_NUMPY = 4    # numpy scalar -> its own dtype
 
-# Past this many bytes per sample, a copy releases the GIL: threads in the
-# same process (a user's prefetch thread, say) can run meanwhile, and the
-# cost of dropping the GIL is noise next to the memcpy.
+# Past this many bytes (per sample, or per batch for a batch of contiguous
+# samples), a copy releases the GIL: threads in the same process (a user's
+# prefetch thread, say) can run meanwhile, and the cost of dropping the GIL is
+# noise next to the memcpy.
 cdef Py_ssize_t _NOGIL_COPY_BYTES = 1 << 16
+
+# NOTE [ Prefetching the rows of a gather ]
+# A shuffled batch reads its rows from all over a dataset far larger than the
+# caches, so every row starts with a miss to memory, which the hardware
+# prefetcher cannot foresee (it follows strides, not an index list), and a
+# small row (3-4 KiB) ends before its streaming has paid off.  The copy loops
+# ask for the row _PREFETCH_AHEAD places ahead while copying this one, up to
+# _PREFETCH_BYTES of it; past that, the hardware prefetcher keeps up.  On a
+# 78 MiB dataset this made a 128 x 4 KiB gather 15 % faster and a 256 x 3 KiB
+# one 27 % (bench/bench_kernels.py measures the collate copy).
+cdef enum:
+    _PREFETCH_AHEAD = 2
+    _PREFETCH_BYTES = 4096
+    _CACHE_LINE = 64
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define fl_prefetch(p) __builtin_prefetch((p), 0, 3)
+    #else
+    #define fl_prefetch(p) ((void)(p))
+    #endif
+    """
+    void fl_prefetch(const void* p) nogil
+
+
+cdef inline void _prefetch_row(const char* row, Py_ssize_t nbytes) noexcept nogil:
+    cdef Py_ssize_t offset = 0
+    cdef Py_ssize_t stop = nbytes if nbytes < _PREFETCH_BYTES else _PREFETCH_BYTES
+    while offset < stop:
+        fl_prefetch(row + offset)
+        offset += _CACHE_LINE
 
 
 cdef inline object _walk(object sample, tuple path):
@@ -103,13 +137,29 @@ cdef inline void _copy_array(char* dst, cnp.ndarray src, Py_ssize_t nbytes) noex
         _copy_strided(dst, src_data, ndim, shape, strides, itemsize)
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef void _copy_rows(char* dst, const char** sources, Py_ssize_t count,
+                     Py_ssize_t row_bytes) noexcept nogil:
+    """``dst`` row i = ``row_bytes`` from ``sources[i]``, prefetching ahead."""
+    # See NOTE [ Prefetching the rows of a gather ].
+    cdef Py_ssize_t i
+    for i in range(min(count, _PREFETCH_AHEAD)):
+        _prefetch_row(sources[i], row_bytes)
+    for i in range(count):
+        if i + _PREFETCH_AHEAD < count:
+            _prefetch_row(sources[i + _PREFETCH_AHEAD], row_bytes)
+        memcpy(dst + i * row_bytes, sources[i], row_bytes)
+
+
 def collate_array_leaf(list samples, tuple path, cnp.dtype dtype, tuple shape, cnp.ndarray out):
     """Copy the array leaf at ``path`` of every sample into row i of ``out``.
 
     ``out`` is C-contiguous, of ``dtype`` and shape ``(len(samples),) + shape``.
     Returns ``(-1, COPY_OK)``, or ``(i, reason)`` for the first sample whose
     leaf is not an ndarray of exactly that dtype and shape (nothing is raised,
-    so the caller can explain or promote).
+    so the caller can explain or promote).  Every leaf is checked before any
+    is copied, so the copies can run as one prefetching loop.
     """
     cdef Py_ssize_t n = len(samples)
     cdef int ndim = len(shape)
@@ -129,20 +179,40 @@ def collate_array_leaf(list samples, tuple path, cnp.dtype dtype, tuple shape, c
     cdef object leaf
     cdef cnp.ndarray arr
     cdef cnp.npy_intp* got
-    for i in range(n):
-        leaf = _walk(samples[i], path)
-        if not cnp.PyArray_Check(leaf):
-            return i, COPY_BAD_TYPE
-        arr = <cnp.ndarray> leaf
-        if cnp.PyArray_NDIM(arr) != ndim:
-            return i, COPY_BAD_SHAPE
-        got = cnp.PyArray_DIMS(arr)
-        for d in range(ndim):
-            if got[d] != want[d]:
+    # The leaves stay referenced here until copied: a sample may build its
+    # leaf on access (a custom mapping), and nothing else would keep it alive.
+    cdef list leaves = [None] * n
+    cdef bint contiguous = True
+    cdef const char** sources = <const char**> PyMem_Malloc((n if n > 0 else 1) * sizeof(char*))
+    if sources == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            leaf = _walk(samples[i], path)
+            if not cnp.PyArray_Check(leaf):
+                return i, COPY_BAD_TYPE
+            arr = <cnp.ndarray> leaf
+            if cnp.PyArray_NDIM(arr) != ndim:
                 return i, COPY_BAD_SHAPE
-        if not cnp.PyArray_EquivTypes(<cnp.dtype> cnp.PyArray_DESCR(arr), dtype):
-            return i, COPY_BAD_DTYPE
-        _copy_array(dst + i * row_bytes, arr, row_bytes)
+            got = cnp.PyArray_DIMS(arr)
+            for d in range(ndim):
+                if got[d] != want[d]:
+                    return i, COPY_BAD_SHAPE
+            if not cnp.PyArray_EquivTypes(<cnp.dtype> cnp.PyArray_DESCR(arr), dtype):
+                return i, COPY_BAD_DTYPE
+            leaves[i] = leaf
+            sources[i] = <const char*> cnp.PyArray_DATA(arr)
+            contiguous = contiguous and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+        if not contiguous:
+            for i in range(n):
+                _copy_array(dst + i * row_bytes, <cnp.ndarray> leaves[i], row_bytes)
+        elif n * row_bytes >= _NOGIL_COPY_BYTES:
+            with nogil:
+                _copy_rows(dst, sources, n, row_bytes)
+        else:
+            _copy_rows(dst, sources, n, row_bytes)
+    finally:
+        PyMem_Free(sources)
     return -1, COPY_OK
 
 
@@ -220,8 +290,13 @@ def first_length_mismatch(list samples, tuple path, Py_ssize_t expected):
 @cython.wraparound(False)
 cdef void _gather_contiguous(char* dst, const char* src, const int64_t* rows,
                              Py_ssize_t count, Py_ssize_t row_bytes) noexcept nogil:
+    # See NOTE [ Prefetching the rows of a gather ].
     cdef Py_ssize_t i
+    for i in range(min(count, _PREFETCH_AHEAD)):
+        _prefetch_row(src + rows[i] * row_bytes, row_bytes)
     for i in range(count):
+        if i + _PREFETCH_AHEAD < count:
+            _prefetch_row(src + rows[i + _PREFETCH_AHEAD] * row_bytes, row_bytes)
         memcpy(dst + i * row_bytes, src + rows[i] * row_bytes, row_bytes)
 
 

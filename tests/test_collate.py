@@ -736,6 +736,54 @@ def test_convert_does_not_mutate_input():
     assert isinstance(out["a"][0], np.ndarray) and type(out["a"][1]) is list
 
 
+class LeafOnAccess(collections.abc.Mapping):
+    """A sample that builds its array anew on every access (nothing else holds it)."""
+
+    def __init__(self, i):
+        if not isinstance(i, int):
+            raise TypeError("a sample index")  # so the batch becomes a plain dict, as torch does
+        self.i = i
+
+    def __getitem__(self, key):
+        if key != "x":
+            raise KeyError(key)
+        return np.full(1024, self.i, dtype=np.float32)
+
+    def __iter__(self):
+        return iter(["x"])
+
+    def __len__(self):
+        return 1
+
+
+def test_leaves_built_on_access_are_copied_intact():
+    # The kernel checks every leaf before copying any: each one must stay alive
+    # until its copy, or later allocations would reuse its memory first.
+    batch = default_collate([LeafOnAccess(i) for i in range(64)])
+    assert batch["x"].shape == (64, 1024)
+    assert (batch["x"] == np.arange(64, dtype=np.float32)[:, None]).all()
+
+
+def test_contiguous_and_strided_samples_mixed_in_one_batch():
+    rng = np.random.default_rng(3)
+    samples = [rng.integers(0, 1000, (6, 8)).astype(np.int32) for _ in range(9)]
+    mixed = [a if i % 3 else np.asfortranarray(a) for i, a in enumerate(samples)]
+    mixed[4] = np.repeat(samples[4], 2, axis=0)[::2]
+    assert_same(default_collate(mixed), np.stack(samples))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 300])
+def test_large_batches_of_contiguous_rows(rows):
+    # 300 rows of 4 KiB: past the size where the copy loop runs without the GIL,
+    # and longer than the prefetch distance; 1-3 rows: shorter than it.
+    rng = np.random.default_rng(rows)
+    source = rng.standard_normal((1000, 1024), dtype=np.float32)
+    picks = rng.permutation(1000)[:rows]
+    batch = default_collate([{"x": source[i], "y": int(i)} for i in picks])
+    assert_same(batch["x"], source[picks])
+    assert batch["y"].tolist() == picks.tolist()
+
+
 # --------------------------------------------------------------------------
 # Output buffer: one flat uint8 buffer, aligned, C-contiguous, writeable views.
 # --------------------------------------------------------------------------
