@@ -1,21 +1,26 @@
 """Where a new worker process first runs: spread over the CPUs, the main process's last.
 
 NOTE [ Why new workers are moved off the main process's CPU ]
-Linux queues a new child on its parent's CPU.  On the 2-CPU virtual machine
-fastload is measured on, ``perf sched`` showed every new worker queued there
-(``target_cpu`` of the main process) while the other CPU stayed idle for a
-millisecond or more: the main process, still starting the next worker,
-shared its CPU with the workers it had just started.  With workers new every
-epoch that is paid every epoch; 5-8 of the 40 CPU-milliseconds of a 20 ms
-`dict` epoch were idle.
+On the 2-CPU virtual machine fastload is measured on, ``perf sched`` showed
+new workers queued behind the main process on its CPU, or both on the other
+one, while a CPU stayed idle for a millisecond or more: the main process,
+still starting the next worker, shared its CPU with the workers it had just
+started.  With workers new every epoch that is paid every epoch; 5-8 of the
+40 CPU-milliseconds of a 20 ms `dict` epoch were idle, and placing the
+workers made such epochs 4-10 % shorter (`tiny`, `array`, `dict`).
 
 So right after starting a worker, the main process pins it to the CPU chosen
-for it (``sched_setaffinity``, which moves a queued process to that CPU at
-once) and immediately gives it back the CPU set it inherited.  The worker
-keeps exactly the affinity it would have had (the one torch's workers have:
-the main process's); only where it starts differs, and the scheduler is free
-to move it from there.  The main process's own CPU comes last in the order,
-so with two CPUs the first worker starts on the idle one.
+for it (``sched_setaffinity``, which moves a queued process there at once)
+and immediately gives it back the CPU set it inherited.  The workers are
+spread over the allowed CPUs, the main process's own CPU last, so with two
+CPUs the first worker starts on the idle one.
+
+A worker's affinity is then exactly what it inherited (as torch's workers'
+is: code in a worker may read it to size thread pools, in ``worker_init_fn``
+say).  For the short moment it is pinned, the worker must not run any of the
+caller's code: the main process holds back a worker's first message until it
+has placed it (``WorkerPool``), and a worker waits for that message before it
+touches the dataset or calls ``worker_init_fn`` (``worker._serve``).
 """
 
 from __future__ import annotations

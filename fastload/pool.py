@@ -104,11 +104,14 @@ class WorkerPool:
     """``num_workers`` processes running ``worker_loop``.
 
     Made in two steps: the constructor creates every worker's pipes, so the
-    caller can queue the first tasks, then ``start()`` launches the processes,
-    which find their first tasks waiting.  Sending before the workers exist
-    costs the main process no wake-ups (and no preemption by workers that
-    would wake up only to find a single task), and a worker starts its first
-    batch the moment it is ready.
+    caller can queue the first tasks, then ``start()`` launches the processes.
+    The first tasks are held back until their worker has been placed on its
+    CPU (a worker runs none of the caller's code before its first message:
+    see ``cpu_placement``), and written the moment it has: before the worker
+    has even finished starting up, so it finds them waiting.  That costs the
+    main process no wake-ups (and no preemption by workers that would wake up
+    only to find a single task), and a worker starts its first batch the
+    moment it is ready.
     """
 
     def __init__(self, context: Any, num_workers: int, payload: Any, base_seed: int,
@@ -129,6 +132,8 @@ class WorkerPool:
         # Workers whose reader holds bytes past the message it last gave.
         self._leftover: set[int] = set()
         self._child_ends: list[tuple[Any, Any]] = []   # (task_reader, result_writer), until start()
+        # Messages for workers not started yet; None once every worker is.
+        self._held: list[list[bytes]] | None = [[] for _ in range(num_workers)]
         self._max_task_bytes = _DEFAULT_PIPE_BYTES
         try:
             for _ in range(num_workers):
@@ -175,6 +180,7 @@ class WorkerPool:
                 self.processes.append(process)
                 # See NOTE [ Why new workers are moved off the main process's CPU ].
                 placement.start_on_own_cpu(worker_id, process.pid)
+                self._release_held(worker_id)
                 # The worker's ends: EOF then means the worker is gone.
                 task_reader.close()
                 result_writer.close()
@@ -190,6 +196,7 @@ class WorkerPool:
             if freeze:
                 gc.unfreeze()
             self._child_ends = []
+            self._held = None
 
     @property
     def pids(self) -> list[int]:
@@ -214,8 +221,16 @@ class WorkerPool:
         for worker_id in range(len(self._task_conns)):
             self._send_bytes(worker_id, data)
 
+    def _release_held(self, worker_id: int) -> None:
+        held, self._held[worker_id] = self._held[worker_id], []
+        for data in held:
+            send_frame(self._task_fds[worker_id], data)
+
     def _send_bytes(self, worker_id: int, data: bytes) -> None:
         """Write a task; a worker that has gone (its pipe is closed) raises ``WorkerDied``."""
+        if self._held is not None:  # not started yet: see the class docstring
+            self._held[worker_id].append(data)
+            return
         try:
             send_frame(self._task_fds[worker_id], data)
         except (BrokenPipeError, ConnectionResetError):

@@ -269,6 +269,21 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     # happens (it shuts the workers down), so workers ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     where = f"in DataLoader worker process {worker_id}"
+    # One poll object for the life of the worker: Connection.poll() would
+    # build a selector on every call, on the per-batch path.
+    tasks_ready = select.poll()
+    task_fd = task_conn.fileno()
+    tasks_ready.register(task_fd, select.POLLIN)
+    if parent.fd is not None:
+        tasks_ready.register(parent.fd, select.POLLIN)
+    liveness_ms = None if parent.fd is not None else int(LIVENESS_INTERVAL * 1000)
+    # The main process sends this worker's first message only once it has
+    # placed it on a CPU (NOTE [ Why new workers are moved off the main
+    # process's CPU ]); until then its affinity is not yet the one it
+    # inherited, so none of the caller's code (dataset, worker_init_fn) runs.
+    while not any(fd == task_fd for fd, _ in tasks_ready.poll(liveness_ms)):
+        if parent.gone():
+            return True
     try:
         if isinstance(payload, bytes):
             payload = pickle.loads(payload)
@@ -286,14 +301,6 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
     writer = SlotWriter()
     layouts = LayoutSender()
-    # One poll object for the life of the worker: Connection.poll() would
-    # build a selector on every call, on the per-batch path.
-    tasks_ready = select.poll()
-    task_fd = task_conn.fileno()
-    tasks_ready.register(task_fd, select.POLLIN)
-    if parent.fd is not None:
-        tasks_ready.register(parent.fd, select.POLLIN)
-    liveness_ms = None if parent.fd is not None else int(LIVENESS_INTERVAL * 1000)
     tasks = FrameReader(task_fd)
     while True:
         try:

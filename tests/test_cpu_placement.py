@@ -18,24 +18,35 @@ pytestmark = [
 ]
 
 
+_affinity_at_init = None
+
+
+def record_affinity_at_init(worker_id):
+    global _affinity_at_init
+    _affinity_at_init = sorted(os.sched_getaffinity(0))
+
+
 class AffinityPerSample(fl.Dataset):
-    """Each sample is the CPU set of the process that fetched it."""
+    """Each sample: the CPU set of the worker that fetched it, then as its worker_init_fn saw it."""
 
     def __len__(self):
         return 8
 
     def __getitem__(self, i):
-        return np.array(sorted(os.sched_getaffinity(0)), dtype=np.int64)
+        return np.array(sorted(os.sched_getaffinity(0)) + [-1] + _affinity_at_init, dtype=np.int64)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_workers_keep_the_main_process_affinity(method):
+    # Workers are pinned for a moment while they are placed; none of the
+    # caller's code may see that, not even worker_init_fn.
     loader = fl.DataLoader(AffinityPerSample(), batch_size=2, num_workers=2,
-                           multiprocessing_context=method)
+                           multiprocessing_context=method, worker_init_fn=record_affinity_at_init)
     expected = sorted(os.sched_getaffinity(0))
-    for batch in loader:
-        for row in batch:
-            assert row.tolist() == expected
+    for _ in range(3 if method == "fork" else 1):  # new workers every epoch
+        for batch in loader:
+            for row in batch:
+                assert row.tolist() == expected + [-1] + expected
 
 
 @pytest.fixture
@@ -114,3 +125,29 @@ def test_a_process_that_is_gone_is_ignored():
     placement = WorkerPlacement()
     placement.start_on_own_cpu(0, child.pid)  # no error: placement is only a hint
     placement.start_on_own_cpu(1, None)
+
+
+def test_a_worker_gets_its_first_message_only_once_placed(monkeypatch):
+    import fastload.pool as pool_module
+
+    events = []
+    real_send, real_place = pool_module.send_frame, WorkerPlacement.start_on_own_cpu
+
+    def send_frame(fd, data):
+        events.append(("send", fd))
+        real_send(fd, data)
+
+    def start_on_own_cpu(self, worker_index, pid):
+        events.append(("placed", worker_index))
+        real_place(self, worker_index, pid)
+
+    monkeypatch.setattr(pool_module, "send_frame", send_frame)
+    monkeypatch.setattr(WorkerPlacement, "start_on_own_cpu", start_on_own_cpu)
+    loader = fl.DataLoader(list(range(40)), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    task_fds = list(iterator._pool._task_fds)
+    assert sum(len(batch) for batch in iterator) == 40
+    for worker_index, fd in enumerate(task_fds):
+        placed = events.index(("placed", worker_index))
+        first_send = events.index(("send", fd))
+        assert placed < first_send
