@@ -6,7 +6,11 @@ and prints, per epoch (median over the epochs after the first):
 * wall time, and the time from ``iter(loader)`` to the first batch;
 * CPU time of the main process, and of each worker (from /proc, so the
   workers' start-up and exit are counted when they are new every epoch);
-* minor page faults of the main process.
+* minor page faults of the main process;
+* CPU time the whole machine left idle during an epoch (from /proc/stat, in
+  10 ms ticks, so the mean over the epochs, not their median): with two
+  workers and the main process on two CPUs, time a CPU waited with nothing
+  to run (run nothing else meanwhile).
 
 The difference between the two modes is what starting and stopping two
 worker processes costs per epoch.  Diagnostic only: the comparison with torch
@@ -20,6 +24,7 @@ lives in ``bench_loader.py``.  ``--workers 2`` runs one mode alone, e.g. under
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import time
@@ -36,12 +41,20 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def _idle_seconds() -> float:
+    """CPU time all CPUs have spent idle (or waiting for I/O) since boot."""
+    with open("/proc/stat") as handle:
+        fields = handle.readline().split()[1:]
+    return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(workload_name: str, persistent: bool, epochs: int) -> dict:
     workload = build_workload(workload_name, "fastload", None)
     loader = fl.DataLoader(workload.make_fastload(), batch_size=workload.batch_size, shuffle=True,
                            num_workers=2, generator=0, persistent_workers=persistent)
     rows = []
     for _ in range(epochs):
+        idle = _idle_seconds()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         main_cpu, faults = usage.ru_utime + usage.ru_stime, usage.ru_minflt
         start = time.perf_counter()
@@ -52,6 +65,7 @@ def run(workload_name: str, persistent: bool, epochs: int) -> dict:
             if first is None:
                 first = time.perf_counter() - start
         wall = time.perf_counter() - start
+        idle = _idle_seconds() - idle  # in ticks of 10 ms: meaningful summed over epochs
         # New workers exit after the epoch: give them a moment, then read their
         # totals before they are reaped.  (Persistent ones: read the growth.)
         worker_cpu = [_cpu_seconds(pid) for pid in pids]
@@ -61,7 +75,7 @@ def run(workload_name: str, persistent: bool, epochs: int) -> dict:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         rows.append({"wall": wall, "first": first,
                      "main_cpu": usage.ru_utime + usage.ru_stime - main_cpu,
-                     "faults": usage.ru_minflt - faults, "worker_cpu": worker_cpu})
+                     "faults": usage.ru_minflt - faults, "worker_cpu": worker_cpu, "idle": idle})
     if persistent:  # cumulative per worker: turn into per-epoch growth
         totals = [row["worker_cpu"] for row in rows]
         for i in range(len(rows) - 1, 0, -1):
@@ -73,6 +87,7 @@ def run(workload_name: str, persistent: bool, epochs: int) -> dict:
         "main_cpu_ms": 1e3 * statistics.median(r["main_cpu"] for r in later),
         "worker_cpu_ms": 1e3 * statistics.median(sum(r["worker_cpu"]) for r in later),
         "main_faults": statistics.median(r["faults"] for r in later),
+        "idle_ms": 1e3 * statistics.fmean(r["idle"] for r in later),
         "samples": workload.samples,
     }
 
@@ -84,14 +99,15 @@ def main() -> None:
     parser.add_argument("--workers", nargs="+", default=["2", "2p"], choices=["2", "2p"],
                         help="2: new workers every epoch; 2p: persistent workers")
     options = parser.parse_args()
-    print(f"{options.workload}, 2 workers, median of epochs 2..{options.epochs}")
+    print(f"{options.workload}, 2 workers, median of epochs 2..{options.epochs} (idle CPU: mean)")
     print("| workers | epoch (ms) | first batch (ms) | main CPU (ms) | workers' CPU (ms) "
-          "| main page faults | samples/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| main page faults | idle CPU (ms) | samples/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for workers in options.workers:
         r = run(options.workload, workers == "2p", options.epochs)
         print(f"| {workers} | {r['wall_ms']:.1f} | {r['first_ms']:.1f} | "
               f"{r['main_cpu_ms']:.1f} | {r['worker_cpu_ms']:.1f} | {r['main_faults']:.0f} | "
+              f"{r['idle_ms']:.1f} | "
               f"{r['samples'] / r['wall_ms'] * 1e3:,.0f} |")
 
 
