@@ -49,6 +49,24 @@ def test_workers_keep_the_main_process_affinity(method):
                 assert row.tolist() == expected + [-1] + expected
 
 
+def test_workers_of_a_main_process_restricted_to_one_cpu_stay_on_it():
+    cpu = min(os.sched_getaffinity(0))
+    script = (
+        "import os, fastload as fl\n"
+        "from test_cpu_placement import AffinityPerSample, record_affinity_at_init\n"
+        f"os.sched_setaffinity(0, {{{cpu}}})\n"
+        "loader = fl.DataLoader(AffinityPerSample(), batch_size=2, num_workers=2,\n"
+        "                       worker_init_fn=record_affinity_at_init)\n"
+        "print(sorted({tuple(row.tolist()) for batch in loader for row in batch}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([(cpu, -1, cpu)])
+
+
 @pytest.fixture
 def fake_cpus(monkeypatch):
     """Pretend the main process may use ``allowed`` and runs on ``current``; record setaffinity calls."""
