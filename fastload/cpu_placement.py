@@ -9,11 +9,14 @@ started.  With workers new every epoch that is paid every epoch; 5-8 of the
 40 CPU-milliseconds of a 20 ms `dict` epoch were idle, and placing the
 workers made such epochs 4-10 % shorter (`tiny`, `array`, `dict`).
 
-So right after starting a worker, the main process pins it to the CPU chosen
-for it (``sched_setaffinity``, which moves a queued process there at once)
-and immediately gives it back the CPU set it inherited.  The workers are
-spread over the allowed CPUs, the main process's own CPU last, so with two
-CPUs the first worker starts on the idle one.
+So right after starting a worker, the main process looks where the kernel
+queued it (``/proc/<pid>/stat``).  A CPU no other new worker was queued on,
+and not the main process's, is kept: the kernel chose well.  Otherwise the
+main process pins the worker to the first CPU without a new worker, in an
+order that puts its own CPU last (``sched_setaffinity``, which moves a queued
+process there at once), and immediately gives it back the CPU set it
+inherited.  With two CPUs, the first worker starts on the idle one and the
+second on the main process's, which soon sleeps waiting for batches.
 
 A worker's affinity is then exactly what it inherited (as torch's workers'
 is: code in a worker may read it to size thread pools, in ``worker_init_fn``
@@ -40,10 +43,23 @@ def _find_sched_getcpu():
 
 
 _sched_getcpu = _find_sched_getcpu()
+# /proc/<pid>/stat: the CPU a process is queued on (or last ran on) is field
+# 39, the 37th after the ")" that closes its command name.
+_STAT_PROCESSOR = 36
+
+
+def _cpu_of(pid: int) -> int:
+    """The CPU ``pid`` is queued on or last ran on; -1 if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return int(fields[_STAT_PROCESSOR])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 class WorkerPlacement:
-    """The CPU each new worker starts on, for one start of a pool.
+    """Where the workers of one start of a pool begin to run.
 
     Does nothing where it cannot help: no ``sched_setaffinity`` (not Linux) or
     a main process allowed on a single CPU.
@@ -52,6 +68,8 @@ class WorkerPlacement:
     def __init__(self) -> None:
         self.allowed: set[int] = set()
         self.order: list[int] = []
+        self.main_cpu = -1
+        self._taken: set[int] = set()  # CPUs a worker of this start begins on
         if not hasattr(os, "sched_setaffinity"):
             return
         try:
@@ -61,22 +79,31 @@ class WorkerPlacement:
         if len(self.allowed) < 2:
             return
         cpus = sorted(self.allowed)
-        current = _sched_getcpu() if _sched_getcpu is not None else -1
-        if current in self.allowed:
-            after = cpus.index(current) + 1
+        self.main_cpu = _sched_getcpu() if _sched_getcpu is not None else -1
+        if self.main_cpu in self.allowed:
+            after = cpus.index(self.main_cpu) + 1
             cpus = cpus[after:] + cpus[:after]  # the main process's CPU last
         self.order = cpus
 
     def start_on_own_cpu(self, worker_index: int, pid: int) -> None:
-        """Move just-started worker ``pid`` to its CPU; it keeps the affinity it inherited.
+        """Give just-started worker ``pid`` a CPU of its own; it keeps the affinity it inherited.
 
         Failures are ignored (a worker that already exited, a CPU set changed
         meanwhile): this only chooses where the worker starts.
         """
         if not self.order or pid is None:
             return
+        queued_on = _cpu_of(pid)
+        if queued_on >= 0 and queued_on != self.main_cpu and queued_on not in self._taken:
+            self._taken.add(queued_on)  # a CPU of its own already
+            return
+        free = [cpu for cpu in self.order if cpu not in self._taken]
+        cpu = free[0] if free else self.order[worker_index % len(self.order)]
+        self._taken.add(cpu)
+        if cpu == queued_on:
+            return
         try:
-            os.sched_setaffinity(pid, {self.order[worker_index % len(self.order)]})
+            os.sched_setaffinity(pid, {cpu})
         except OSError:
             return
         try:

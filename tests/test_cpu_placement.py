@@ -69,12 +69,15 @@ def test_workers_of_a_main_process_restricted_to_one_cpu_stay_on_it():
 
 @pytest.fixture
 def fake_cpus(monkeypatch):
-    """Pretend the main process may use ``allowed`` and runs on ``current``; record setaffinity calls."""
+    """Pretend the main process may use ``allowed``, runs on ``current`` and that the
+    kernel queues new workers on ``queued`` (by pid; the main process's CPU if absent);
+    record setaffinity calls."""
     calls = []
 
-    def configure(allowed, current, fail_on=()):
+    def configure(allowed, current, queued=None, fail_on=()):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(allowed))
         monkeypatch.setattr(cpu_placement, "_sched_getcpu", lambda: current)
+        monkeypatch.setattr(cpu_placement, "_cpu_of", lambda pid: (queued or {}).get(pid, current))
 
         def setaffinity(pid, cpus):
             calls.append((pid, set(cpus)))
@@ -87,22 +90,37 @@ def fake_cpus(monkeypatch):
     return configure
 
 
-def test_workers_spread_with_the_main_process_cpu_last(fake_cpus):
+def test_workers_queued_behind_the_main_process_spread_with_its_cpu_last(fake_cpus):
     calls = fake_cpus(allowed={0, 1, 2, 3}, current=1)
     placement = WorkerPlacement()
     assert placement.order == [2, 3, 0, 1]
     for worker_index in range(5):
         placement.start_on_own_cpu(worker_index, 1000 + worker_index)
-    pins = [cpus for _, cpus in calls[0::2]]
-    restores = [cpus for _, cpus in calls[1::2]]
-    assert pins == [{2}, {3}, {0}, {1}, {2}]
-    assert restores == [{0, 1, 2, 3}] * 5
-    assert [pid for pid, _ in calls] == [p for p in range(1000, 1005) for _ in (0, 1)]
+    # The fourth lands on the main process's CPU, where the kernel queued it: no move.
+    moved = [(pid, cpus) for pid, cpus in calls if len(cpus) == 1]
+    restores = [cpus for _, cpus in calls if len(cpus) > 1]
+    assert moved == [(1000, {2}), (1001, {3}), (1002, {0}), (1004, {2})]
+    assert restores == [{0, 1, 2, 3}] * 4
+    assert [pid for pid, _ in calls] == [1000, 1000, 1001, 1001, 1002, 1002, 1004, 1004]
 
 
-def test_unknown_current_cpu_keeps_the_plain_order(fake_cpus):
-    fake_cpus(allowed={4, 2, 7}, current=-1)
-    assert WorkerPlacement().order == [2, 4, 7]
+def test_a_cpu_of_its_own_chosen_by_the_kernel_is_kept(fake_cpus):
+    # Worker 0 queued on idle CPU 3: kept.  Worker 1 queued there too: moved to
+    # the first CPU nobody took (2).  Worker 2 queued on 0: kept.
+    calls = fake_cpus(allowed={0, 1, 2, 3}, current=1, queued={10: 3, 11: 3, 12: 0})
+    placement = WorkerPlacement()
+    for worker_index, pid in enumerate((10, 11, 12)):
+        placement.start_on_own_cpu(worker_index, pid)
+    assert calls == [(11, {2}), (11, {0, 1, 2, 3})]
+
+
+def test_unknown_cpus_keep_the_plain_order(fake_cpus):
+    calls = fake_cpus(allowed={4, 2, 7}, current=-1, queued={1: -1, 2: -1})
+    placement = WorkerPlacement()
+    assert placement.order == [2, 4, 7]
+    placement.start_on_own_cpu(0, 1)
+    placement.start_on_own_cpu(1, 2)
+    assert [cpus for _, cpus in calls] == [{2}, {2, 4, 7}, {4}, {2, 4, 7}]
 
 
 def test_a_single_allowed_cpu_moves_nothing(fake_cpus):
@@ -124,6 +142,13 @@ def test_a_failed_pin_leaves_the_worker_alone(fake_cpus):
     calls = fake_cpus(allowed={0, 1}, current=0, fail_on=(1,))
     WorkerPlacement().start_on_own_cpu(0, 4321)
     assert len(calls) == 1
+
+
+def test_the_cpu_a_process_is_on_is_read_from_proc():
+    assert cpu_placement._cpu_of(os.getpid()) in os.sched_getaffinity(0)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    assert cpu_placement._cpu_of(child.pid) == -1  # reaped: gone
 
 
 def test_real_process_ends_with_its_inherited_affinity():
