@@ -36,7 +36,7 @@ from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
 from fastload.layout_wire import LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
-from fastload.ring import Ring, SharedMemoryError
+from fastload.ring import Ring, SharedMemoryError, SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, _epoch_source
 
@@ -170,6 +170,9 @@ class DataLoader:
         self._iterator: _BaseIter | None = None  # persistent workers' iterator
         self._last_iterator: weakref.ref | None = None
         self._pending_state: dict | None = None
+        # Ring slots one epoch of new workers leaves for the next (fork only):
+        # NOTE [ Slots that outlive an epoch ] in ring.py.
+        self._spare_slots = SpareSlots()
         self._check_worker_number_rationality()
 
     # -- torch's attribute rules -------------------------------------------
@@ -415,7 +418,11 @@ class _MultiProcessIter(_BaseIter):
         self._timeout = loader.timeout if loader.timeout > 0 else None
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers
-        self._ring = Ring(in_flight=self._num_workers * self._prefetch)
+        # New workers every epoch, forked: they can write into the slots the
+        # last epoch left, through the mappings they inherit.
+        self._spares = loader._spare_slots if method == "fork" and not self._persistent else None
+        self._ring = Ring(in_flight=self._num_workers * self._prefetch,
+                          spares=self._spares.take() if self._spares is not None else ())
         self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
         self._layouts = [LayoutReceiver() for _ in range(self._num_workers)]
         source_args = (loader._iterable, loader._auto_collation, loader.collate_fn,
@@ -427,7 +434,7 @@ class _MultiProcessIter(_BaseIter):
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
-                                ring_prefix=self._ring.prefix)
+                                ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, self._pool, self._ring,
                                            self._tasks)
         try:
@@ -600,6 +607,9 @@ class _MultiProcessIter(_BaseIter):
     def _end_epoch(self) -> None:
         self.epoch_finished = True
         if not self._persistent:
+            if self._spares is not None:
+                # Every task is answered: no worker writes a slot any more.
+                self._ring.hand_over(self._spares)
             self.shutdown()
 
     # -- teardown ------------------------------------------------------------

@@ -115,7 +115,8 @@ class WorkerPool:
     """
 
     def __init__(self, context: Any, num_workers: int, payload: Any, base_seed: int,
-                 prefetch: int, ring_prefix: str) -> None:
+                 prefetch: int, ring_prefix: str,
+                 inherited_slots: dict[int, Segment] | None = None) -> None:
         self.context = context
         self.processes: list[Any] = []
         self._closed = False
@@ -124,7 +125,10 @@ class WorkerPool:
         self._process_of_fd: dict[int, Any] = {}
         self._ring_prefix = ring_prefix
         self._message_names: list[str] = []
-        self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix)
+        # ``inherited_slots`` (fork only): ring slots the workers write through
+        # the mappings they inherit (NOTE [ Slots that outlive an epoch ]).
+        self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix,
+                      inherited_slots or {})
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
         self._task_fds: list[int] = []
@@ -154,7 +158,7 @@ class WorkerPool:
 
     def start(self) -> None:
         """Launch the workers (on failure, stop the ones already started)."""
-        num_workers, payload, base_seed, parent_pid, ring_prefix = self._args
+        num_workers, payload, base_seed, parent_pid, ring_prefix, inherited_slots = self._args
         _reap_exiting()
         # NOTE [ Freezing the heap for fork ]
         # A forked worker's garbage collector walks every object it inherited,
@@ -171,7 +175,7 @@ class WorkerPool:
                 process = self.context.Process(
                     target=worker_loop,
                     args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
-                          parent_pid, ring_prefix),
+                          parent_pid, ring_prefix, inherited_slots),
                     daemon=True,
                 )
                 # start() returns once the child is launched, not once it has
@@ -197,6 +201,7 @@ class WorkerPool:
                 gc.unfreeze()
             self._child_ends = []
             self._held = None
+            self._args = None  # the workers have it; inherited slots must not outlive the ring
 
     @property
     def pids(self) -> list[int]:

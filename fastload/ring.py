@@ -21,6 +21,24 @@ holds at most ``in_flight`` slots that workers may write, plus one per batch
 the caller still holds -- the same memory those batches need anyway.  Free
 slots beyond ``in_flight`` + 2 are unlinked as they come back, so memory
 follows what is held.
+
+NOTE [ Slots that outlive an epoch ]
+Without persistent workers every epoch starts new workers, and a ring of its
+own would have them create, fill and unlink a fresh set of segments: in a
+short epoch (``dict`` in bench/bench_loader.py, 157 batches) its six
+creations cost the workers 1.2-1.5 ms of CPU and the main process 0.2-0.3 ms
+to map them, 4-5 % of the epoch's CPU, and the first one delays the first
+batch.  A forked worker inherits the main process's mappings, so under fork
+an epoch's ring leaves its slots to the next one's (``Ring.hand_over``, into
+the loader's ``SpareSlots``): the free ones at once, one the caller still
+holds when its last view dies.  The next epoch's workers write through the
+mappings they inherited (``SlotWriter``'s ``inherited``): no segment is made
+or opened.  Names are unlinked with the rest of the ring, as always, so
+nothing is left in /dev/shm between epochs and a main process killed then
+frees the slots with its address space (which is why the slots themselves,
+not their names, are carried over).  At most ``SPARE_BYTES`` are kept, so a
+loader between two epochs holds little (torch's holds nothing).  Under spawn
+or forkserver a worker has nothing to inherit: every epoch makes its own.
 """
 
 from __future__ import annotations
@@ -32,7 +50,8 @@ import operator
 import os
 import secrets
 import shutil
-from typing import Callable
+import weakref
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -41,8 +60,9 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
-__all__ = ["Segment", "Ring", "SlotLease", "SlotWriter", "SlotInfo", "SharedMemoryError",
-           "SHM_DIR", "new_prefix", "unlink_name", "unlink_prefixed"]
+__all__ = ["Segment", "Ring", "SlotLease", "SlotWriter", "SlotInfo", "SpareSlots",
+           "SharedMemoryError", "SHM_DIR", "SPARE_BYTES", "new_prefix", "unlink_name",
+           "unlink_prefixed"]
 
 SHM_DIR = "/dev/shm"
 _PAGE = mmap.PAGESIZE
@@ -53,6 +73,12 @@ _GROWTH_HEADROOM = 4  # a regrown slot gets 1/4 more than asked, so shapes that 
 # in_flight + 2 slots is the steady state; retiring below that would create
 # and unlink segments every epoch.
 _KEPT_SPARE_SLOTS = 2
+# The most a loader keeps mapped between two epochs for the next one's workers
+# (see NOTE [ Slots that outlive an epoch ]).
+SPARE_BYTES = 64 << 20
+# madvise(2) advice that faults a range in, writable (Linux 5.14); mmap does
+# not name it before Python 3.13.
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 class SharedMemoryError(RuntimeError):
@@ -93,13 +119,14 @@ class Segment:
     view of it) does; ``unlink`` only removes the name.
     """
 
-    __slots__ = ("name", "size", "array", "interface")
+    __slots__ = ("name", "size", "array", "interface", "linked")
 
     def __init__(self, name: str, size: int = 0, create: bool = False,
                  populate: bool = False) -> None:
         if _posixshmem is None:
             raise OSError("fastload's shared-memory ring needs POSIX shared memory")
         self.name = name
+        self.linked = True
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
         try:
@@ -130,7 +157,20 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name (idempotent); the mapping stays valid for its holders."""
-        unlink_name(self.name)
+        if self.linked:
+            self.linked = False
+            unlink_name(self.name)
+
+    def prefault(self) -> None:
+        """Map every page writable now, in one call: for a mapping this process
+        inherited, which it is about to fill (``populate`` at creation does the
+        same).  Where the kernel cannot, the pages fault in as they are written."""
+        mapping = self.array.base
+        if isinstance(mapping, mmap.mmap):
+            try:
+                mapping.madvise(_MADV_POPULATE_WRITE)
+            except OSError:  # a kernel older than 5.14
+                pass
 
 
 def unlink_name(name: str) -> bool:
@@ -222,16 +262,33 @@ class Ring:
     create segments under names the ring chose (see ``SlotWriter``).
     """
 
-    def __init__(self, in_flight: int, prefix: str | None = None) -> None:
+    def __init__(self, in_flight: int, prefix: str | None = None,
+                 spares: Sequence[Segment] = ()) -> None:
         self.prefix = prefix or new_prefix()
         self.in_flight = max(1, in_flight)
         self._slots: dict[int, _Slot] = {}
         self._free: collections.deque[int] = collections.deque()
+        # An earlier epoch's free slots (see NOTE [ Slots that outlive an
+        # epoch ]): free from the start, already mapped here; forked workers
+        # get them as ``inherited``.
+        self.inherited: dict[int, Segment] = {}
+        for slot_id, segment in enumerate(spares[:self.in_flight + _KEPT_SPARE_SLOTS]):
+            slot = _Slot()
+            slot.segment = segment
+            self._slots[slot_id] = slot
+            self._free.append(slot_id)
+            self.inherited[slot_id] = segment
         # Filled from SlotLease.__del__, which may run anywhere (GC, another
         # thread): a deque append is atomic, the rest waits for collect().
         self._returned: collections.deque[int] = collections.deque()
         self._retired: list[tuple[int, str]] = []
-        self._next_id = 0
+        # After ``hand_over``: slots the caller still held, which go to
+        # ``_spares`` when their lease dies.
+        # (A weak reference: a batch kept after its loader is gone must not
+        # keep the loader's spare slots mapped.)
+        self._spares: weakref.ref[SpareSlots] | None = None
+        self._held_at_hand_over: dict[int, Segment] = {}
+        self._next_id = len(self._slots)
         self._space_checked = False
         self.closed = False
 
@@ -273,6 +330,13 @@ class Ring:
 
     def release(self, slot_id: int) -> None:
         """Give a slot back (a lease died, or a task's slot was not used)."""
+        if self._spares is not None:
+            # The epoch has ended and handed its slots over: this batch outlived it.
+            segment = self._held_at_hand_over.pop(slot_id, None)
+            spares = self._spares()
+            if segment is not None and spares is not None:
+                spares.give_back(segment)
+            return
         self._returned.append(slot_id)
 
     def collect(self) -> None:
@@ -297,6 +361,23 @@ class Ring:
         """Slots unlinked since the last call: workers should drop their mappings."""
         retired, self._retired = self._retired, []
         return retired
+
+    def hand_over(self, spares: "SpareSlots") -> None:
+        """Leave this ring's slots to the next epoch's: the free ones now, the
+        ones the caller still holds when their last view dies.
+
+        Only once no worker writes a slot any more (every task answered), and
+        before ``close()``, which unlinks their names as usual: the mappings
+        stay valid, and the next ring (whose workers are forked from this
+        process) uses them as they are.
+        """
+        self.collect()
+        free = set(self._free)
+        segments = [self._slots[slot_id].segment for slot_id in self._free]
+        spares.put([segment for segment in segments if segment is not None])
+        self._held_at_hand_over = {slot_id: slot.segment for slot_id, slot in self._slots.items()
+                                   if slot_id not in free and slot.segment is not None}
+        self._spares = weakref.ref(spares)
 
     @property
     def slot_count(self) -> int:
@@ -352,18 +433,71 @@ class Ring:
                 slot.segment.unlink()
         self._slots.clear()
         self._free.clear()
+        self.inherited = {}
+
+
+class SpareSlots:
+    """Where a loader keeps the slots one epoch leaves for the next (fork only).
+
+    See NOTE [ Slots that outlive an epoch ].  ``take`` empties it, so two
+    iterators of one loader never share a slot; it keeps at most
+    ``SPARE_BYTES``, the most recently returned first.
+    """
+
+    __slots__ = ("_segments", "_given_back", "__weakref__")
+
+    def __init__(self) -> None:
+        self._segments: list[Segment] = []
+        # From SlotLease.__del__, which may run anywhere (GC, another thread):
+        # an append is atomic, the rest waits for take().
+        self._given_back: collections.deque[Segment] = collections.deque()
+
+    def __reduce__(self):
+        # A copied (or pickled) loader starts with none: these are mappings of
+        # this process, which a copy of their bytes could not stand in for.
+        return (SpareSlots, ())
+
+    def put(self, segments: list[Segment]) -> None:
+        self._segments.extend(segments)
+
+    def give_back(self, segment: Segment) -> None:
+        """A slot whose batch the caller held past the end of its epoch, now released."""
+        self._given_back.append(segment)
+
+    def take(self) -> list[Segment]:
+        segments, self._segments = self._segments, []
+        while self._given_back:
+            segments.append(self._given_back.popleft())
+        kept, total = [], 0
+        for segment in reversed(segments):
+            if total + segment.size <= SPARE_BYTES:
+                kept.append(segment)
+                total += segment.size
+        return kept
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes kept now (what ``take`` would return, before its cap)."""
+        return sum(segment.size for segment in (*self._segments, *self._given_back))
 
 
 class SlotWriter:
-    """A worker's side of the ring: map slots by name, create or regrow them on demand."""
+    """A worker's side of the ring: map slots by name, create or regrow them on demand.
 
-    def __init__(self) -> None:
-        self._mapped: dict[int, Segment] = {}
+    ``inherited``: slots whose mapping a forked worker inherited from the main
+    process (their names are gone), by slot id.
+    """
+
+    def __init__(self, inherited: dict[int, Segment] | None = None) -> None:
+        self._mapped: dict[int, Segment] = dict(inherited or {})
+        # Inherited mappings have no page mapped in this process yet.
+        self._to_prefault: set[int] = set(self._mapped)
 
     def forget(self, slot_id: int, name: str) -> None:
         segment = self._mapped.get(slot_id)
         if segment is not None and segment.name == name:
             del self._mapped[slot_id]
+            self._to_prefault.discard(slot_id)
 
     def allocator(self, info: SlotInfo) -> "_TaskAllocation":
         return _TaskAllocation(self, info)
@@ -390,15 +524,21 @@ class _TaskAllocation:
             self.created.unlink()  # outgrown within one task (promotion): make it again
             self.created = None
         elif info.name is not None and info.capacity >= nbytes:
-            segment = self.writer._mapped.get(info.slot_id)
+            writer = self.writer
+            segment = writer._mapped.get(info.slot_id)
             if segment is None or segment.name != info.name:
                 segment = Segment(info.name, populate=True)
-                self.writer._mapped[info.slot_id] = segment
+                writer._mapped[info.slot_id] = segment
+                writer._to_prefault.discard(info.slot_id)
+            elif writer._to_prefault and info.slot_id in writer._to_prefault:
+                writer._to_prefault.discard(info.slot_id)
+                segment.prefault()
             return segment.array
         size = nbytes if info.name is None else nbytes + nbytes // _GROWTH_HEADROOM
         size = max(_PAGE, (size + _PAGE - 1) // _PAGE * _PAGE)
         self.created = Segment(info.next_name, size, create=True, populate=True)
         self.writer._mapped[info.slot_id] = self.created
+        self.writer._to_prefault.discard(info.slot_id)
         return self.created.array
 
     @property

@@ -239,17 +239,19 @@ def _decode_task(data: bytes) -> Any:
 
 
 def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
-                result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str) -> None:
+                result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str,
+                inherited_slots: dict[int, Segment] | None = None) -> None:
     """Entry point of a worker process (``payload`` is pickled bytes under spawn).
 
     ``ring_prefix`` names every segment of this iterator's ring: if the main
-    process dies, the worker unlinks them on its way out.
+    process dies, the worker unlinks them on its way out.  ``inherited_slots``
+    (fork only): slots whose mappings came with the fork (see ``SlotWriter``).
     """
     parent = ParentWatch(parent_pid)
     orphaned = True
     try:
         orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
-                          parent)
+                          parent, inherited_slots)
     finally:
         # A killed main process closes its pipe ends before the kernel reports
         # it gone, so a worker that lost its pipes waits (briefly) to be sure.
@@ -262,7 +264,8 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
 
 
 def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
-           result_conn: Any, base_seed: int, parent: ParentWatch) -> bool:
+           result_conn: Any, base_seed: int, parent: ParentWatch,
+           inherited_slots: dict[int, Segment] | None) -> bool:
     """Answer tasks until told to stop; True if the main process went away instead."""
     global _worker_info
     # Ctrl-C reaches the whole process group; the main process decides what
@@ -299,7 +302,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     except BaseException:
         # The main process re-raises it and stops the pool.
         return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
-    writer = SlotWriter()
+    writer = SlotWriter(inherited_slots)
     layouts = LayoutSender()
     tasks = FrameReader(task_fd)
     while True:

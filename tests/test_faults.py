@@ -7,6 +7,7 @@ Timeouts are hang guards only.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -16,8 +17,10 @@ import sys
 import textwrap
 import time
 import weakref
+from typing import Iterator
 
 import numpy as np
+import psutil
 import pytest
 
 import fastload as fl
@@ -500,6 +503,19 @@ def _script(tmp_path, body: str) -> str:
     return str(path)
 
 
+@contextlib.contextmanager
+def _running(script: str) -> Iterator[subprocess.Popen]:
+    """``script`` in a process of its own session, output piped; killed on the way out."""
+    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _read_marker(proc, marker: str, seconds: float = 30.0) -> str:
     """Read the child's stdout until a line starting with ``marker``."""
     deadline = time.monotonic() + seconds
@@ -528,9 +544,7 @@ def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path
         for batch in it:
             pass
         """)
-    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with _running(script) as proc:
         no_leaks.watch_pid(proc.pid)
         pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
         prefix = _read_marker(proc, "PREFIX")
@@ -539,10 +553,6 @@ def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole process group
         _, stderr = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in stderr, stderr
     assert stderr.rstrip().splitlines()[-1].startswith("KeyboardInterrupt"), stderr
@@ -579,9 +589,7 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
             print("PREFIX", *[it._ring.prefix for it in iterators], flush=True)
             time.sleep(60)
         """)
-    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with _running(script) as proc:
         no_leaks.watch_pid(proc.pid)
         pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
         prefixes = _read_marker(proc, "PREFIX").split()
@@ -589,10 +597,6 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
         assert _prefix_entries(prefixes[0]), "the child's ring should have segments"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
     def leftovers():
         return [name for prefix in prefixes for name in _prefix_entries(prefix)]
@@ -607,6 +611,38 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
     finally:
         for pid in orphans:
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_sigkilled_main_process_between_epochs_leaves_nothing(tmp_path, no_leaks):
+    # Between two epochs of new (forked) workers the loader keeps the ring's
+    # slots for the next epoch (NOTE [ Slots that outlive an epoch ]): mapped
+    # in the main process only, with no name, so its death frees them.
+    script = _script(tmp_path, """
+        import os, time
+        import fastload as fl
+        from datasets_for_workers import SquareDataset
+
+        if __name__ == "__main__":
+            loader = fl.DataLoader(SquareDataset(64, (3, 16, 16)), batch_size=4, num_workers=2,
+                                   multiprocessing_context="fork")
+            for _ in range(2):
+                for batch in loader:
+                    pass
+            with open("/proc/self/maps") as maps:
+                kept = sum(f"/fl_{os.getpid()}_" in line and "(deleted)" in line for line in maps)
+            print("KEPT", kept, flush=True)
+            time.sleep(60)
+        """)
+    with _running(script) as proc:
+        no_leaks.watch_pid(proc.pid)
+        kept = int(_read_marker(proc, "KEPT"))
+        assert kept >= 4, "the loader should keep its slots between epochs"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert _wait_gone([c.pid for c in children], 5.0) == []
+    assert [n for n in shm_entries() if n.startswith(f"fl_{proc.pid}_")] == []
 
 
 # ---------------------------------------------------------------------------

@@ -3,11 +3,13 @@ zero-copy batches that stay valid while held."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import shutil
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import fastload as fl
 from fastload import ring as ringmod
 from fastload.ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
 from datasets_for_workers import GrowingDataset, SquareDataset
-from leakcheck import shm_entries
+from leakcheck import segment_pid, shm_entries
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(TESTS_DIR)
@@ -250,6 +252,137 @@ def test_close_unlinks_everything_including_unreported_next_generation(prefix):
 
 
 # ---------------------------------------------------------------------------
+# Slots that outlive an epoch (NOTE [ Slots that outlive an epoch ])
+# ---------------------------------------------------------------------------
+
+def _fork_child(fill) -> int:
+    """Run ``fill()`` in a forked child (as a worker would); its exit status."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            fill()
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
+    ring = Ring(in_flight=2, prefix=prefix)
+    writer = SlotWriter()
+    spares = ringmod.SpareSlots()
+    slots = [_fill(ring, writer, 5000, i) for i in range(3)]
+    segments = {s: ring._slots[s].segment for s in slots}
+    held = ring.lease(slots[0])
+    for s in slots[1:]:
+        ring.release(s)
+    ring.hand_over(spares)
+    ring.close()
+    assert [n for n in shm_entries() if n.startswith(prefix)] == []  # names gone, as always
+    assert spares.nbytes == segments[slots[1]].size + segments[slots[2]].size
+    del held  # the batch outlived its epoch: its slot joins the spares now
+    gc.collect()
+    taken = spares.take()
+    assert {id(seg) for seg in taken} == {id(seg) for seg in segments.values()}
+    assert taken[0] is segments[slots[0]]  # the most recently returned comes first
+    assert spares.take() == []  # taken once
+
+
+def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
+    segments = [Segment(f"{prefix}{i}", 4 * 4096, create=True) for i in range(5)]
+    for segment in segments:
+        segment.unlink()
+    spares = ringmod.SpareSlots()
+    monkeypatch.setattr(ringmod, "SPARE_BYTES", 3 * 4 * 4096)
+    spares.put(segments[:3])
+    spares.give_back(segments[3])
+    spares.give_back(segments[4])
+    assert [s.name for s in spares.take()] == [segments[i].name for i in (4, 3, 2)]
+
+
+def test_a_batch_kept_after_its_loader_is_gone_does_not_keep_the_spares(prefix):
+    ring = Ring(in_flight=2, prefix=prefix)
+    writer = SlotWriter()
+    spares = ringmod.SpareSlots()
+    slots = [_fill(ring, writer, 5000, i) for i in range(2)]
+    held = ring.lease(slots[0])  # keeps the ring alive
+    ring.release(slots[1])
+    gone = weakref.ref(ring._slots[slots[1]].segment.array.base)  # the free slot's mmap
+    ring.hand_over(spares)
+    ring.close()
+    assert gone() is not None and spares.nbytes > 0
+    del spares  # the loader is gone; the ring only has a weak reference to its spares
+    gc.collect()
+    assert gone() is None, "the free slot's mapping outlived the loader"
+    del held  # and releasing the batch now gives it to nobody, without error
+    gc.collect()
+
+
+def _next_epochs_ring(prefix: str, in_flight: int, nbytes: int) -> Ring:
+    """A ring whose ``in_flight`` slots of ``nbytes`` were filled, freed and handed over,
+    and the ring of the next epoch, which starts with them."""
+    old = Ring(in_flight=in_flight, prefix=prefix)
+    writer = SlotWriter()
+    slots = [_fill(old, writer, nbytes, i) for i in range(in_flight)]
+    for slot in slots:
+        old.release(slot)
+    spares = ringmod.SpareSlots()
+    old.hand_over(spares)
+    old.close()
+    return Ring(in_flight=in_flight, prefix=prefix + "n", spares=spares.take())
+
+
+def test_a_new_ring_starts_with_the_spares_and_a_forked_writer_fills_them(prefix):
+    ring = _next_epochs_ring(prefix, in_flight=2, nbytes=8000)
+    try:
+        assert ring.slot_count == 2 and set(ring.inherited) == {0, 1}
+        infos = [ring.acquire(), ring.acquire()]
+        assert all(info.capacity >= 8000 and not _exists(info.name) for info in infos)
+
+        def fill():  # what a forked worker does with a slot it inherited
+            child = SlotWriter(ring.inherited)
+            for value, info in enumerate(infos, start=7):
+                allocation = child.allocator(info)
+                allocation(8000)[:8000] = value
+                assert allocation.created_name is None  # nothing made, nothing opened
+
+        assert _fork_child(fill) == 0
+        for value, info in enumerate(infos, start=7):
+            view = ring.lease(info.slot_id)
+            assert (view[:8000] == value).all()  # written through the shared mapping
+            del view
+        assert [n for n in shm_entries() if n.startswith(prefix)] == []
+    finally:
+        ring.close()
+
+
+def test_an_inherited_slot_too_small_is_regrown_under_a_new_name(prefix):
+    ring = _next_epochs_ring(prefix, in_flight=1, nbytes=4096)
+    try:
+        info = ring.acquire()
+        allocation = SlotWriter(ring.inherited).allocator(info)
+        allocation(50_000)[:50_000] = 3
+        assert allocation.created_name == info.next_name and _exists(info.next_name)
+        ring.adopt(info.slot_id, allocation.created_name)
+        assert (ring.lease(info.slot_id)[:50_000] == 3).all()
+    finally:
+        ring.close()
+
+
+def test_prefault_maps_a_segment_without_changing_it(prefix):
+    segment = Segment(prefix + "p", 3 * 4096, create=True)
+    try:
+        segment.array[:] = 5
+        segment.prefault()
+        assert (segment.array == 5).all()
+        Segment(prefix + "empty", 0, create=True).prefault()  # nothing mapped: nothing to do
+    finally:
+        segment.unlink()
+        unlink_name(prefix + "empty")
+
+
+# ---------------------------------------------------------------------------
 # Through the DataLoader
 # ---------------------------------------------------------------------------
 
@@ -295,6 +428,120 @@ def test_holding_a_whole_epoch_is_correct_and_does_not_deadlock(no_leaks):
     for ours, first in zip(held, expected):
         np.testing.assert_array_equal(ours[0], first[0])
     assert len(held2) == 40
+
+
+def _our_segments() -> list[str]:
+    return sorted(n for n in shm_entries() if segment_pid(n) == os.getpid())
+
+
+def _our_mappings() -> list[str]:
+    """This process's mappings of ring segments (named or already unlinked)."""
+    with open("/proc/self/maps") as maps:
+        return [line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+                for line in maps if f"/fl_{os.getpid()}_" in line]
+
+
+def _reference_and_forked_loader(batches: int, generator: int) -> tuple:
+    """Shuffled batches of 4: in process, and from new forked workers every epoch."""
+    dataset = SquareDataset(batches * 4, (3, 16, 16))
+    reference = fl.DataLoader(dataset, batch_size=4, shuffle=True, generator=generator)
+    loader = fl.DataLoader(dataset, batch_size=4, shuffle=True, generator=generator,
+                           num_workers=2, multiprocessing_context="fork")
+    return reference, loader
+
+
+@pytest.mark.timeout(60)
+def test_new_workers_write_into_the_slots_the_last_epoch_left(no_leaks):
+    # NOTE [ Slots that outlive an epoch ]: under fork, the workers of a new
+    # epoch fill the slots the last one left, through inherited mappings; no
+    # segment is made, so none ever has a name in /dev/shm.
+    reference, loader = _reference_and_forked_loader(batches=40, generator=3)
+    for epoch in range(4):
+        expected = list(reference)
+        named_mid_epoch = None
+        count = 0
+        for (images, labels), (ref_images, ref_labels) in zip(loader, expected):
+            np.testing.assert_array_equal(images, ref_images)
+            np.testing.assert_array_equal(labels, ref_labels)
+            count += 1
+            if count == 20:
+                named_mid_epoch = _our_segments()
+        assert count == len(expected) == 40
+        assert _our_segments() == [], "a kept slot still has a name between epochs"
+        if epoch >= 2:
+            # The first epoch makes the ring, the second one slot more (the
+            # loop still held the first epoch's last batch); then none.
+            assert named_mid_epoch == [], f"epoch {epoch} made segments {named_mid_epoch}"
+    assert len(_our_mappings()) <= 2 * 4 + 2 + 1  # the kept slots and the batch still held
+    del images, labels
+    del loader
+    gc.collect()
+    assert _our_mappings() == [], "a kept slot outlived its loader"
+
+
+@pytest.mark.timeout(60)
+def test_batches_held_across_epochs_are_never_written_again(no_leaks):
+    reference, loader = _reference_and_forked_loader(batches=24, generator=4)
+    expected, kept = [], []
+    for epoch in range(4):
+        expected.append(list(reference))
+        for b, batch in enumerate(loader):
+            if epoch < 2 and b % 5 == 0:
+                kept.append((epoch, b, batch))
+    assert len(kept) == 10
+    for epoch, b, (images, labels) in kept:
+        np.testing.assert_array_equal(images, expected[epoch][b][0])
+        np.testing.assert_array_equal(labels, expected[epoch][b][1])
+    del kept, batch, images, labels
+    del loader
+    gc.collect()
+    assert _our_mappings() == []
+
+
+@pytest.mark.timeout(60)
+def test_new_workers_fill_kept_slots_when_samples_grow_between_epochs(no_leaks):
+    dataset = SquareDataset(16 * 4, (3, 8, 8))
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    for shape in [(3, 8, 8), (3, 40, 40), (3, 8, 8), (5,)]:
+        dataset.shape = shape  # the next epoch's workers are forked with it
+        got = list(loader)
+        assert len(got) == 16
+        for b, (images, labels) in enumerate(got):
+            assert images.shape == (4, *shape)
+            np.testing.assert_array_equal(labels, np.arange(4 * b, 4 * b + 4))
+            np.testing.assert_array_equal(images.reshape(4, -1)[:, -1], labels % 251)
+
+
+@pytest.mark.timeout(60)
+def test_a_copy_of_a_loader_keeps_no_slots_of_the_original(no_leaks):
+    dataset = SquareDataset(12 * 4, (2, 4))
+    expected = list(fl.DataLoader(dataset, batch_size=4))
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    for batch in loader:
+        pass
+    del batch
+    assert loader._spare_slots.nbytes > 0
+    twin = copy.deepcopy(loader)
+    assert twin._spare_slots.nbytes == 0  # a copy of the bytes is no shared mapping
+    for _ in range(2):
+        got = list(twin)
+        for ours, ref in zip(got, expected):
+            np.testing.assert_array_equal(ours[0], ref[0])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_that_inherit_nothing_make_their_own_slots_every_epoch(no_leaks, method):
+    dataset = SquareDataset(12 * 4, (2, 4))
+    expected = list(fl.DataLoader(dataset, batch_size=4))
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=method)
+    for _ in range(2):
+        got = list(loader)
+        assert len(got) == len(expected)
+        for ours, ref in zip(got, expected):
+            np.testing.assert_array_equal(ours[0], ref[0])
+            np.testing.assert_array_equal(ours[1], ref[1])
+        assert loader._spare_slots.nbytes == 0
 
 
 class VaryingCollate:
