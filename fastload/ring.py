@@ -441,12 +441,15 @@ class SpareSlots:
 
     See NOTE [ Slots that outlive an epoch ].  ``take`` empties it, so two
     iterators of one loader never share a slot; it keeps at most
-    ``SPARE_BYTES``, the most recently returned first.
+    ``SPARE_BYTES``, the most recently returned first.  A forked child that
+    iterates its copy of the loader gets none: its mappings of these slots are
+    shared with the process that keeps them.
     """
 
-    __slots__ = ("_segments", "_given_back", "__weakref__")
+    __slots__ = ("_segments", "_given_back", "_pid", "__weakref__")
 
     def __init__(self) -> None:
+        self._pid = os.getpid()
         self._segments: list[Segment] = []
         # From SlotLease.__del__, which may run anywhere (GC, another thread):
         # an append is atomic, the rest waits for take().
@@ -468,6 +471,9 @@ class SpareSlots:
         segments, self._segments = self._segments, []
         while self._given_back:
             segments.append(self._given_back.popleft())
+        if self._pid != os.getpid():  # inherited by a fork: not ours to write
+            self._pid = os.getpid()
+            return []
         kept, total = [], 0
         for segment in reversed(segments):
             if total + segment.size <= SPARE_BYTES:

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import traceback
 import weakref
 
 import numpy as np
@@ -255,16 +256,23 @@ def test_close_unlinks_everything_including_unreported_next_generation(prefix):
 # Slots that outlive an epoch (NOTE [ Slots that outlive an epoch ])
 # ---------------------------------------------------------------------------
 
-def _fork_child(fill) -> int:
-    """Run ``fill()`` in a forked child (as a worker would); its exit status."""
+def _run_and_exit(body) -> None:
+    """In a forked child: run ``body()``, exit 0 if it returned, else print why and exit 1."""
+    code = 1
+    try:
+        body()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _fork_child(body) -> int:
+    """Run ``body()`` in a forked child (as a worker would); its exit status."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
-        code = 1
-        try:
-            fill()
-            code = 0
-        finally:
-            os._exit(code)
+        _run_and_exit(body)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
@@ -510,6 +518,50 @@ def test_new_workers_fill_kept_slots_when_samples_grow_between_epochs(no_leaks):
             assert images.shape == (4, *shape)
             np.testing.assert_array_equal(labels, np.arange(4 * b, 4 * b + 4))
             np.testing.assert_array_equal(images.reshape(4, -1)[:, -1], labels % 251)
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_iterating_the_loader_leaves_the_parents_slots_alone(no_leaks):
+    # The child's mappings of the slots its copy of the loader lists are the
+    # parent's: were it to fill them, the two would write the same pages.
+    epochs, batches = 5, 100
+    reference, loader = _reference_and_forked_loader(batches=batches, generator=6)
+    expected = [list(reference) for _ in range(1 + epochs)]
+
+    def check_epochs(numbers, scribble):
+        for epoch in numbers:
+            count = 0
+            for (images, labels), (ref_images, ref_labels) in zip(loader, expected[epoch]):
+                np.testing.assert_array_equal(images, ref_images)
+                np.testing.assert_array_equal(labels, ref_labels)
+                if scribble:
+                    images[...] = 0  # in a page shared with the parent, it would show there
+                count += 1
+            assert count == batches
+
+    check_epochs([0], scribble=False)
+    kept = loader._spare_slots.nbytes
+    assert kept > 0
+    started_r, started_w = os.pipe()
+
+    def child():
+        assert loader._spare_slots.nbytes == kept  # inherited with the loader, unused
+        os.write(started_w, b"x")
+        check_epochs(range(1, 1 + epochs), scribble=True)
+        assert loader._spare_slots.nbytes > 0      # its own, from its own epochs
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        _run_and_exit(child)
+    try:
+        assert os.read(started_r, 1) == b"x"
+        check_epochs(range(1, 1 + epochs), scribble=False)  # while the child runs its own
+    finally:
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        os.close(started_r)
+        os.close(started_w)
+    assert status == 0, "the child's epochs went wrong"
+    assert loader._spare_slots.nbytes > 0
 
 
 @pytest.mark.timeout(60)
