@@ -480,20 +480,30 @@ class _MultiProcessIter(_BaseIter):
     # -- tasks ---------------------------------------------------------------
 
     def _pick_worker(self) -> int | None:
-        """The least-loaded active worker, ties broken round-robin so none starves."""
-        best = None
+        """The worker for the next batch: the next active one in turn, as torch picks it.
+
+        In order, batch ``k`` goes to worker ``k % num_workers`` (skipping the
+        workers whose IterableDataset replica is exhausted) however fast each
+        worker is: which worker makes a batch decides what a dataset that draws
+        from a per-worker generator (numpy's global one, seeded per worker)
+        returns, so the same seed must give the same assignment in every run.
+        Out of order, a worker is passed over while it has its share of the
+        tasks in flight (torch's rule).
+        """
         count = self._num_workers
-        for step in range(count):
-            worker = (self._rotation + step) % count
-            if self._active[worker] and self._load[worker] < self._prefetch \
-                    and (best is None or self._load[worker] < self._load[best]):
-                best = worker
-        if best is not None:
-            self._rotation = (best + 1) % count
-        return best
+        capacity = None
+        if not self._in_order:
+            active = sum(self._active)
+            capacity = self._prefetch * count // active if active else 0
+        for _ in range(count):
+            worker = self._rotation
+            self._rotation = (worker + 1) % count
+            if self._active[worker] and (capacity is None or self._load[worker] < capacity):
+                return worker
+        return None
 
     def _dispatch(self) -> None:
-        """Send the next batch to the least-loaded worker, if there is one to send."""
+        """Send the next batch to its worker, if there is one to send."""
         if self._indices_exhausted:
             return
         worker = self._pick_worker()

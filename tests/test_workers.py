@@ -171,6 +171,90 @@ def test_worker_info_seeds_and_worker_init_fn():
     assert {s["id"]: s["seed"] for s in again} == seeds
 
 
+def _worker_info():
+    """This worker's info, in a fastload worker or (for the differential tests) a torch one."""
+    info = get_worker_info()
+    if info is None and "torch" in sys.modules:
+        info = sys.modules["torch"].utils.data.get_worker_info()
+    return info
+
+
+class UnevenWorkers(fl.Dataset):
+    """Worker 0 is slow; each sample is a draw from the worker's numpy generator.
+
+    A loader that let the faster worker take more batches would change which
+    worker, and so which draws, make each batch, from one run to the next.
+    """
+
+    def __init__(self, n=240, delay=0.002):
+        self.n = n
+        self.delay = delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = _worker_info()
+        if info is not None and info.id == 0 and i % 4 == 0:
+            time.sleep(self.delay)
+        return np.random.randint(1 << 30), -1 if info is None else info.id
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_batch_k_is_made_by_worker_k_mod_num_workers_however_fast_they_are(num_workers):
+    loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=num_workers, generator=3)
+    workers = [int(ids[0]) for _, ids in loader]
+    assert workers == [k % num_workers for k in range(60)]
+
+
+def test_a_dataset_drawing_from_numpy_repeats_its_batches_with_the_same_seed():
+    def run(seed):
+        loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=2, generator=seed)
+        return [draws.tolist() for draws, _ in loader]
+
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+
+
+def test_out_of_order_a_slow_worker_is_passed_over_while_it_has_its_share():
+    loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=2, in_order=False)
+    made = collections.Counter()
+    for _, ids in loader:
+        made[int(ids[0])] += 1
+    assert sum(made.values()) == 60
+    assert made[1] > made[0], made  # worker 0 sleeps in one sample of each of its batches
+
+
+def test_workers_are_assigned_batches_as_torchs_are(torch):
+    ours = DataLoader(UnevenWorkers(), batch_size=4, num_workers=3)
+    theirs = torch.utils.data.DataLoader(UnevenWorkers(), batch_size=4, num_workers=3)
+    assert [ids.tolist() for _, ids in ours] == [ids.tolist() for _, ids in theirs]
+
+
+class UnevenStreams(fl.IterableDataset):
+    """Worker ``w`` yields ``10 * (w + 1)`` samples tagged with its id; worker 0 is slow."""
+
+    def __iter__(self):
+        info = _worker_info()
+        for i in range(10 * (info.id + 1)):
+            if info.id == 0:
+                time.sleep(0.001)
+            yield info.id
+
+
+def test_exhausted_workers_are_skipped_in_turn_as_torchs_are(torch):
+    # torch's IterableDataset base class: a plain iterable works in both loaders.
+    class Streams(UnevenStreams, torch.utils.data.IterableDataset):
+        pass
+
+    ours = [b.tolist() for b in DataLoader(Streams(), batch_size=3, num_workers=3)]
+    theirs = [b.tolist() for b in torch.utils.data.DataLoader(Streams(), batch_size=3,
+                                                              num_workers=3)]
+    assert ours == theirs
+    assert sorted(sum(ours, [])) == sorted([0] * 10 + [1] * 20 + [2] * 30)
+
+
 class ShardedStream(fl.IterableDataset):
     def __init__(self, n):
         self.n = n
