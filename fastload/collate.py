@@ -102,10 +102,10 @@ class ArraySlot:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def view(self, buffer: np.ndarray) -> np.ndarray:
-        # Slicing a uint8 buffer then reinterpreting keeps the buffer's base
-        # (the ring's lease), so the slot lives as long as this view.
-        raw = buffer[self.offset:self.offset + self.nbytes]
-        return raw.view(self.dtype).reshape(self.shape)
+        # The view's base is the buffer (whose own base is the ring's lease),
+        # so the slot lives as long as this view.  One constructor call: this
+        # runs for every array of every batch the main process hands out.
+        return np.ndarray(self.shape, self.dtype, buffer, self.offset)
 
     def build(self, buffer: np.ndarray) -> Any:
         array = self.view(buffer)
