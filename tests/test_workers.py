@@ -244,7 +244,7 @@ class UnevenStreams(fl.IterableDataset):
 
 
 def test_exhausted_workers_are_skipped_in_turn_as_torchs_are(torch):
-    # torch's IterableDataset base class: a plain iterable works in both loaders.
+    # torch's loader needs its own IterableDataset base to treat it as one; fastload's takes both.
     class Streams(UnevenStreams, torch.utils.data.IterableDataset):
         pass
 
