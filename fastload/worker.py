@@ -280,13 +280,20 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     if parent.fd is not None:
         tasks_ready.register(parent.fd, select.POLLIN)
     liveness_ms = None if parent.fd is not None else int(LIVENESS_INTERVAL * 1000)
+
+    def wait_for_task() -> bool:
+        """Until a task can be read: True, or False if the main process is gone."""
+        while not any(fd == task_fd for fd, _ in tasks_ready.poll(liveness_ms)):
+            if parent.gone():
+                return False
+        return True
+
     # The main process sends this worker's first message only once it has
     # placed it on a CPU (NOTE [ Why new workers are moved off the main
     # process's CPU ]); until then its affinity is not yet the one it
     # inherited, so none of the caller's code (dataset, worker_init_fn) runs.
-    while not any(fd == task_fd for fd, _ in tasks_ready.poll(liveness_ms)):
-        if parent.gone():
-            return True
+    if not wait_for_task():
+        return True
     try:
         if isinstance(payload, bytes):
             payload = pickle.loads(payload)
@@ -309,11 +316,8 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         try:
             data = tasks.pending()  # tasks sent together arrive in one read
             if data is None:
-                events = tasks_ready.poll(liveness_ms)
-                if not any(fd == task_fd for fd, _ in events):
-                    if parent.gone():
-                        break  # the main process is gone: nobody will read our batches
-                    continue
+                if not wait_for_task():
+                    break  # the main process is gone: nobody will read our batches
                 tasks.fill()
                 data = tasks.pending()
                 if data is None:
