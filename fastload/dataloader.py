@@ -258,6 +258,14 @@ class DataLoader:
         self._last_iterator = weakref.ref(iterator)
         return iterator
 
+    def __getstate__(self) -> dict:
+        # A loader pickles as torch's does: the last epoch's iterator is only
+        # weakly held (and gone in the copy); a persistent one is held, and
+        # refuses to be pickled as torch's does.
+        state = self.__dict__.copy()
+        state["_last_iterator"] = None
+        return state
+
     def _current_iterator(self) -> "_BaseIter | None":
         if self._iterator is not None:
             return self._iterator
@@ -372,6 +380,10 @@ class _BaseIter:
 
     def __len__(self) -> int:
         return len(self._index_sampler)
+
+    def __getstate__(self) -> None:
+        # torch's error type; without it pickle would fail on some generator inside.
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
 
 class _SingleProcessIter(_BaseIter):

@@ -2,6 +2,7 @@
 
 import collections
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -107,6 +108,38 @@ def test_persistent_workers_keep_pids_and_match_non_persistent():
         assert iterator.worker_pids == pids
     assert all(psutil_alive(pid) for pid in pids)
     persistent._iterator.shutdown()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_pickles_after_an_epoch_as_torchs_does(torch, num_workers):
+    kwargs = dict(batch_size=16, shuffle=True, num_workers=num_workers)
+    ours = DataLoader(DictSamples(), generator=5, **kwargs)
+    theirs = torch.utils.data.DataLoader(DictSamples(), **kwargs)
+    first = epoch(ours)
+    for _ in theirs:
+        pass
+    ours_copy = pickle.loads(pickle.dumps(ours))
+    theirs_copy = pickle.loads(pickle.dumps(theirs))
+    # The copy carries the seed stream on from where the original is.
+    second = epoch(ours_copy)
+    assert second == epoch(ours)
+    assert second != first
+    assert len(second) == len(list(theirs_copy))
+
+
+def test_a_persistent_loader_refuses_to_be_pickled_after_an_epoch_as_torchs_does(torch):
+    kwargs = dict(batch_size=16, num_workers=2, persistent_workers=True)
+    ours = DataLoader(DictSamples(), **kwargs)
+    theirs = torch.utils.data.DataLoader(DictSamples(), **kwargs)
+    for loader in (ours, theirs):
+        for _ in loader:
+            pass
+    with pytest.raises(NotImplementedError, match="_MultiProcessIter cannot be pickled"):
+        pickle.dumps(ours)
+    with pytest.raises(NotImplementedError):
+        pickle.dumps(theirs)
+    ours._iterator.shutdown()
+    theirs._iterator._shutdown_workers()
 
 
 def test_persistent_workers_survive_an_abandoned_epoch():
