@@ -540,9 +540,10 @@ class _MultiProcessIter(_BaseIter):
         else:
             self._pool.send(worker, ("batch", batch_no, tuple(slot), False, indices))
 
-    def _receive(self) -> tuple[int, tuple]:
-        """``(worker, reply)``: the next reply from any worker; dead workers and timeouts raise."""
-        got = self._pool.receive(self._timeout)
+    def _receive(self, awaited: int | None = None) -> tuple[int, tuple]:
+        """``(worker, reply)``: the next reply from ``awaited`` (None: any worker) or
+        from a dying worker; dead workers and timeouts raise."""
+        got = self._pool.receive(self._timeout, awaited)
         if got is None:
             self.shutdown()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
@@ -608,7 +609,10 @@ class _MultiProcessIter(_BaseIter):
                     self._end_epoch()
                     raise StopIteration
                 continue
-            worker, reply = self._receive()
+            # In order, the next batch's worker is known: only its answer is
+            # worth waking up for.
+            awaited = self._tasks.get(self._next_to_yield) if self._in_order else None
+            worker, reply = self._receive(awaited[0] if awaited is not None else None)
             del self._tasks[reply[1]]
             self._replies[reply[1]] = (worker, reply)
 

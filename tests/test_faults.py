@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import weakref
 from typing import Iterator
@@ -305,6 +306,52 @@ def test_worker_killed_from_outside_raises_runtime_error(no_leaks):
     assert _prefix_entries(prefix) == []
     with pytest.raises(StopIteration):  # the iterator is finished, not hung
         next(it)
+
+
+class SlowFirstBatch(SquareDataset):
+    """Worker 0 takes ``delay`` seconds over its first batch; the rest is quick."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n, (2,))
+        self.delay = delay
+
+    def __getitem__(self, i):
+        if i == 0:
+            time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_leaks):
+    # The main process watches only the awaited worker's answers (NOTE [
+    # Waking for the awaited answer only ] in pool.py), but every sentinel.
+    loader = fl.DataLoader(SlowFirstBatch(64, delay=4.0), batch_size=4, num_workers=2)
+    it = iter(loader)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    # Stopping the pool waits for worker 0 to finish its batch: what must be
+    # quick is the moment the iterator starts to stop it.
+    stopped_at = []
+    shutdown = it.shutdown
+
+    def recording_shutdown():
+        stopped_at.append(time.monotonic())
+        shutdown()
+
+    it.shutdown = recording_shutdown
+    killer = threading.Timer(0.3, os.kill, (pids[1], signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError) as excinfo:
+            next(it)  # batch 0: worker 0 sleeps in it for 4 s
+    finally:
+        killer.cancel()
+    assert stopped_at and stopped_at[0] - start < 2.0, "the death was seen only with worker 0's answer"
+    message = str(excinfo.value)
+    assert _worker_pid_in(message, pids) == pids[1]
+    assert "SIGKILL" in message, message
+    assert _wait_gone(pids, 10.0) == []
+    assert _prefix_entries(prefix) == []
 
 
 @pytest.mark.timeout(60)

@@ -240,6 +240,25 @@ def test_batch_k_is_made_by_worker_k_mod_num_workers_however_fast_they_are(num_w
     assert workers == [k % num_workers for k in range(60)]
 
 
+def test_in_order_the_main_process_reads_only_the_answer_it_needs_next():
+    # NOTE [ Waking for the awaited answer only ] (pool.py): worker 1's
+    # answers wait in its pipe while worker 0's batch is awaited, so answers
+    # are read exactly in batch order, however far ahead worker 1 is.
+    loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    read_order = []
+    receive = iterator._receive
+
+    def recording_receive(*args):
+        worker, reply = receive(*args)
+        read_order.append(reply[1])
+        return worker, reply
+
+    iterator._receive = recording_receive
+    assert len(list(iterator)) == 60
+    assert read_order == list(range(60))
+
+
 def test_a_dataset_drawing_from_numpy_repeats_its_batches_with_the_same_seed():
     def run(seed):
         loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=2, generator=seed)
