@@ -187,7 +187,8 @@ class WorkerPool:
         freeze = self.context.get_start_method() == "fork" and gc.get_freeze_count() == 0
         if freeze:
             gc.freeze()
-        placement = WorkerPlacement()
+        placement = WorkerPlacement(
+            children_inherit_affinity=self.context.get_start_method() != "forkserver")
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
                 process = self.context.Process(
@@ -198,7 +199,8 @@ class WorkerPool:
                 )
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
-                process.start()
+                with placement.starting(worker_id):
+                    process.start()
                 self.processes.append(process)
                 # See NOTE [ Why new workers are moved off the main process's CPU ].
                 placement.start_on_own_cpu(worker_id, process.pid)

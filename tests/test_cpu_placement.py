@@ -47,6 +47,8 @@ def test_workers_keep_the_main_process_affinity(method):
         for batch in loader:
             for row in batch:
                 assert row.tolist() == expected + [-1] + expected
+    # The main thread held one CPU while it started a worker born there.
+    assert sorted(os.sched_getaffinity(0)) == expected
 
 
 def test_workers_of_a_main_process_restricted_to_one_cpu_stay_on_it():
@@ -102,6 +104,53 @@ def test_workers_queued_behind_the_main_process_spread_with_its_cpu_last(fake_cp
     assert moved == [(1000, {2}), (1001, {3}), (1002, {0}), (1004, {2})]
     assert restores == [{0, 1, 2, 3}] * 4
     assert [pid for pid, _ in calls] == [1000, 1000, 1001, 1001, 1002, 1002, 1004, 1004]
+
+
+def _start_workers(placement, pids):
+    for worker_index, pid in enumerate(pids):
+        with placement.starting(worker_index):
+            pass  # the fork
+        placement.start_on_own_cpu(worker_index, pid)
+
+
+def test_a_worker_whose_cpu_is_the_main_processs_is_born_there(fake_cpus):
+    # Worker 0 is queued on the idle CPU 1: kept.  Worker 1's CPU is the main
+    # process's: the main thread holds CPU 0 alone around its start (pid 0: the
+    # calling thread), then the worker and the thread get both back.
+    calls = fake_cpus(allowed={0, 1}, current=0, queued={20: 1, 21: 1})
+    _start_workers(WorkerPlacement(), (20, 21))
+    assert calls == [(0, {0}), (0, {0, 1}), (21, {0, 1})]
+
+
+def test_workers_not_children_of_the_main_process_are_moved_instead(fake_cpus):
+    # forkserver: a worker does not inherit the main thread's CPU set.
+    calls = fake_cpus(allowed={0, 1}, current=0, queued={20: 1, 21: 1})
+    _start_workers(WorkerPlacement(children_inherit_affinity=False), (20, 21))
+    assert calls == [(21, {0}), (21, {0, 1})]
+
+
+def test_a_main_thread_that_cannot_be_pinned_moves_the_worker_instead(fake_cpus):
+    calls = fake_cpus(allowed={0, 1}, current=0, queued={20: 1, 21: 1}, fail_on=(1,))
+    _start_workers(WorkerPlacement(), (20, 21))
+    assert calls == [(0, {0}), (21, {0}), (21, {0, 1})]
+
+
+def test_a_main_thread_that_moved_meanwhile_is_not_pinned(fake_cpus, monkeypatch):
+    calls = fake_cpus(allowed={0, 1}, current=0, queued={20: 1, 21: 1})
+    placement = WorkerPlacement()
+    monkeypatch.setattr(cpu_placement, "_sched_getcpu", lambda: 1)  # pinning would move it
+    _start_workers(placement, (20, 21))
+    assert calls == [(21, {0}), (21, {0, 1})]
+
+
+def test_the_main_thread_gets_its_cpus_back_when_a_start_fails(fake_cpus):
+    calls = fake_cpus(allowed={0, 1}, current=0, queued={20: 1})
+    placement = WorkerPlacement()
+    placement.start_on_own_cpu(0, 20)
+    with pytest.raises(OSError):
+        with placement.starting(1):
+            raise OSError(errno.EAGAIN, "fork failed")
+    assert calls == [(0, {0}), (0, {0, 1})]
 
 
 def test_a_cpu_of_its_own_chosen_by_the_kernel_is_kept(fake_cpus):
