@@ -27,7 +27,7 @@ import multiprocessing
 import os
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 import numpy as np
 
@@ -381,7 +381,7 @@ class _BaseIter:
     def __len__(self) -> int:
         return len(self._index_sampler)
 
-    def __getstate__(self) -> None:
+    def __getstate__(self) -> NoReturn:
         # torch's error type; without it pickle would fail on some generator inside.
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
