@@ -325,7 +325,7 @@ class SlowFirstBatch(SquareDataset):
 def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_leaks):
     # The main process watches only the awaited worker's answers (NOTE [
     # Waking for the awaited answer only ] in pool.py), but every sentinel.
-    loader = fl.DataLoader(SlowFirstBatch(64, delay=4.0), batch_size=4, num_workers=2)
+    loader = fl.DataLoader(SlowFirstBatch(64, delay=3.0), batch_size=4, num_workers=2)
     it = iter(loader)
     pids, prefix = it.worker_pids, it._ring.prefix
     # Stopping the pool waits for worker 0 to finish its batch: what must be
@@ -343,10 +343,10 @@ def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_
     start = time.monotonic()
     try:
         with pytest.raises(RuntimeError) as excinfo:
-            next(it)  # batch 0: worker 0 sleeps in it for 4 s
+            next(it)  # batch 0: worker 0 sleeps in it for 3 s
     finally:
         killer.cancel()
-    assert stopped_at and stopped_at[0] - start < 2.0, "the death was seen only with worker 0's answer"
+    assert stopped_at and stopped_at[0] - start < 1.5, "the death was seen only with worker 0's answer"
     message = str(excinfo.value)
     assert _worker_pid_in(message, pids) == pids[1]
     assert "SIGKILL" in message, message
