@@ -25,7 +25,7 @@ is queued on it, and both get the full set back right after.  Moving such a
 worker after the kernel had started it on another CPU made the main process
 wait for the kernel's migration thread: 1.1 ms at the median (1.7 at the
 90th percentile) of each `dict` epoch with new workers.  Born in place, the
-first batch of such an epoch comes 0.4-0.8 ms sooner (`iter()` to first
+first batch of such an epoch comes 0.4-0.7 ms sooner (`iter()` to first
 batch, medians of 30-40 epochs, five alternating runs: 3.1-3.3 against
 3.5-4.0 ms); the epoch itself is no shorter (16 paired runs, within the
 noise), as the two CPUs were busy meanwhile.  forkserver's workers are not
