@@ -406,7 +406,8 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
 def plan_collate(samples: Sequence) -> BatchLayout:
     """Lay out the batch ``default_collate(samples)`` makes, from its first sample."""
     if len(samples) == 0:
-        raise ValueError("default_collate: cannot collate an empty batch")
+        # torch's type (its batch[0] fails), with a message that says why.
+        raise IndexError("default_collate: cannot collate an empty batch (no samples)")
     length_checks: list = []
     layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks), length_checks)
     layout.assign_offsets()
@@ -593,8 +594,14 @@ def default_collate(batch: Sequence) -> Any:
 # Packing: the output of a custom collate_fn, moved as it is into a buffer.
 # --------------------------------------------------------------------------
 
+# Array types whose whole state is their data, so a view of the buffer stands in
+# for them.  Other subclasses (a masked array's mask, a matrix's type) travel
+# as values, pickled with what makes them what they are.
+_PLAIN_ARRAY_TYPES = (np.ndarray, np.memmap)
+
+
 def _plan_packing(obj: Any, sources: list) -> Any:
-    if isinstance(obj, np.ndarray) and not obj.dtype.hasobject and obj.dtype.kind not in "SaU":
+    if type(obj) in _PLAIN_ARRAY_TYPES and not obj.dtype.hasobject and obj.dtype.kind not in "SaU":
         sources.append(obj)
         return ArraySlot(obj.dtype, obj.shape)
     if _is_torch_tensor(obj) and obj.device.type == "cpu" and not obj.requires_grad \

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import math
 import multiprocessing
+import numbers
 import os
 import warnings
 import weakref
@@ -83,9 +84,13 @@ class DataLoader:
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  in_order: bool = True, pin_memory_device: str = "",
                  output: str = "numpy") -> None:
-        if not isinstance(num_workers, int) or num_workers < 0:
+        if not isinstance(num_workers, numbers.Integral):  # numpy's integers too, as torch
+            raise TypeError(f"num_workers should be an integer, but got "
+                            f"{type(num_workers).__name__} {num_workers!r}")
+        if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; "
                              "use num_workers=0 to disable multiprocessing.")
+        num_workers = int(num_workers)
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
         if num_workers == 0 and prefetch_factor is not None:
@@ -310,9 +315,15 @@ class DataLoader:
         self._pending_state = dict(state)
 
 
-def _index_stream(index_sampler: Any) -> Iterator[Any]:
-    """The epoch's index batches: int64 arrays from our samplers, else what the sampler yields."""
-    if isinstance(index_sampler, BatchSampler) and _epoch_source(index_sampler.sampler) is not None:
+def _index_stream(index_sampler: Any, auto_collation: bool) -> Iterator[Any]:
+    """The epoch's index batches: int64 arrays from our samplers, else what the sampler yields.
+
+    The arrays stand in for ``BatchSampler.__iter__``'s lists only where nothing
+    can tell: a subclass may yield other batches than ours, and without
+    auto-collation the dataset itself receives each batch (a list, in torch).
+    """
+    if auto_collation and type(index_sampler).__iter__ is BatchSampler.__iter__ \
+            and _epoch_source(getattr(index_sampler, "sampler", None)) is not None:
         return index_sampler._index_batches()
     return iter(index_sampler)
 
@@ -354,7 +365,7 @@ class _BaseIter:
         self.epoch_rng_states = [s.get_state() for s in sources]
         base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
-        self._indices = _index_stream(self._index_sampler)
+        self._indices = _index_stream(self._index_sampler, self._source.auto_collation)
         # Batches already seen are skipped as indices only: nothing is fetched.
         for _ in itertools.islice(self._indices, skip):
             pass
@@ -396,11 +407,21 @@ class _SingleProcessIter(_BaseIter):
             raise StopIteration
         try:
             indices = next(self._indices)
-            batch = self._source.make(self._next_batch_no, indices)
         except StopIteration:
             self.epoch_finished = True
             raise
+        # Numbered before it is made, as a worker's task is: a batch that raises
+        # does not shift the transform seeds of the ones after it.
+        batch_no = self._next_batch_no
         self._next_batch_no += 1
+        try:
+            batch = self._source.make(batch_no, indices)
+        except StopIteration:
+            # The end of an IterableDataset ends the epoch.  Raised by a map-style
+            # dataset, it ends only the caller's loop: the epoch goes on, as in torch.
+            if self._source.iterable:
+                self.epoch_finished = True
+            raise
         return self._deliver(batch)
 
 
@@ -545,6 +566,9 @@ class _MultiProcessIter(_BaseIter):
         from a dying worker; dead workers and timeouts raise."""
         got = self._pool.receive(self._timeout, awaited)
         if got is None:
+            # A worker is stuck in the caller's code: letting it finish the batch
+            # would only delay the error, which torch raises at once.
+            self._pool.exit_grace = 0.0
             self.shutdown()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got

@@ -7,9 +7,6 @@ fastload differs it is for memory or speed, never for results:
 * ``ArrayDataset`` stands in for ``TensorDataset``.  It keeps its arrays as
   given (an ``np.memmap`` stays a memmap, nothing is copied), so the
   DataLoader can gather whole batches from ``arrays`` with one kernel call.
-* ``Subset.indices`` is an int64 numpy array rather than a Python list:
-  reading an int from a list updates its refcount, so a forked worker slowly
-  copies every page of a large list; an array is one buffer that stays shared.
 * Pickling an ``ArrayDataset`` (as ``spawn`` workers do) reopens file-backed
   memmaps from their file instead of sending their bytes.
 * ``random_split`` draws its permutation from the ``_core`` kernel, seeded
@@ -365,31 +362,15 @@ class ChainDataset(IterableDataset):
         return sum(len(dataset) for dataset in self._checked())
 
 
-def _compact_indices(indices: Any) -> Any:
-    """``indices`` as a 1-D int64 array when they are integers; else as given.
-
-    Non-integer keys (a dict-backed dataset's strings, say) are legal in torch's
-    Subset, so they are kept untouched rather than rejected.
-    """
-    if isinstance(indices, np.ndarray) and indices.dtype == np.int64 and indices.ndim == 1:
-        return indices  # random_split's slices of one permutation: no copy
-    try:
-        array = np.asarray(indices)
-    except (TypeError, ValueError):
-        return indices
-    if array.ndim != 1:
-        return indices
-    if array.dtype.kind in "iub" or array.size == 0:
-        return array.astype(np.int64, copy=False)
-    return indices
-
-
 class Subset(Dataset[_T_co]):
     """The samples of ``dataset`` at ``indices``, in that order.
 
-    ``indices`` is stored as an int64 numpy array when it holds integers (see
-    the module notes); keys reach ``dataset`` as Python ints, since user
-    datasets may check ``isinstance(i, int)``.  A subclass that overrides
+    ``indices`` is kept as given (a list stays a list, as in torch); keys
+    reach ``dataset`` as Python ints even from a numpy array, since user
+    datasets may check ``isinstance(i, int)``.  An int64 array is the compact
+    choice for a large subset: a forked worker that reads ints from a list
+    updates their reference counts, and so copies the pages they sit on,
+    where an array stays one shared buffer.  A subclass that overrides
     ``__getitem__`` must override ``__getitems__`` too, as in torch, or the
     DataLoader's batch path would bypass its ``__getitem__``.
     """
@@ -399,7 +380,7 @@ class Subset(Dataset[_T_co]):
 
     def __init__(self, dataset: Dataset[_T_co], indices: Sequence[int]) -> None:
         self.dataset = dataset
-        self.indices = _compact_indices(indices)
+        self.indices = indices
         if (type(self).__getitem__ is not Subset.__getitem__
                 and type(self).__getitems__ is Subset.__getitems__):
             raise NotImplementedError(
@@ -411,7 +392,11 @@ class Subset(Dataset[_T_co]):
                 "    return [self.__getitem__(idx) for idx in indices]")
 
     def _key(self, position: Any) -> Any:
-        key = self.indices[position]
+        try:
+            key = self.indices[position]
+        except IndexError:
+            raise IndexError(f"Subset index {position} is out of range "
+                             f"(the Subset has {len(self.indices)} samples)") from None
         # np.int64 -> int, and an array (from a slice) -> a list of ints.
         return key.tolist() if isinstance(key, (np.ndarray, np.generic)) else key
 
@@ -429,7 +414,10 @@ class Subset(Dataset[_T_co]):
                 positions = positions.astype(np.int64)  # [] or bools, which torch treats as 0/1
             keys = self.indices[positions].tolist()
         else:
-            keys = [self.indices[i] for i in indices]
+            try:
+                keys = [self.indices[i] for i in indices]
+            except IndexError:
+                keys = [self._key(i) for i in indices]  # raises, naming the position
         if callable(getattr(self.dataset, "__getitems__", None)):
             return self.dataset.__getitems__(keys)
         return [self.dataset[key] for key in keys]
@@ -489,6 +477,7 @@ def random_split(dataset: Dataset[_T], lengths: Sequence[int | float],
             ``numpy.random.Generator`` or a ``torch.Generator``.
     """
     counts = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
-    order = _core.permutation(sum(counts), SeedSource(generator).draw())
+    order = _core.permutation(sum(counts), SeedSource(generator).draw()).tolist()
     bounds = list(itertools.accumulate(counts))
+    # Lists, as torch gives: callers join, compare and save them as lists.
     return [Subset(dataset, order[end - n:end]) for end, n in zip(bounds, counts)]

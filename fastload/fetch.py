@@ -31,6 +31,20 @@ __all__ = ["BatchSource", "array_rows"]
 _STRING_OR_OBJECT_KINDS = "SaUO"
 
 
+def _integer_rows(indices: Any) -> np.ndarray | None:
+    """A Subset's indices as a 1-D integer array (a list is read once, here), or None."""
+    if not isinstance(indices, np.ndarray):
+        try:
+            indices = np.asarray(indices)
+        except (TypeError, ValueError):
+            return None
+        if indices.size == 0:
+            indices = indices.astype(np.int64)
+    if indices.ndim != 1 or indices.dtype.kind not in "iu":
+        return None
+    return indices
+
+
 def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
     """``(arrays, row_map)`` when ``dataset`` is an ArrayDataset, or Subsets of one.
 
@@ -41,8 +55,8 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     """
     row_map = None
     while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__:
-        indices = dataset.indices
-        if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu":
+        indices = _integer_rows(dataset.indices)
+        if indices is None:
             return None
         row_map = indices if row_map is None else indices[row_map]
         dataset = dataset.dataset

@@ -53,6 +53,18 @@ class FrameReader:
         del buffer[:end]
         return message
 
+    def holds(self, message: bytes) -> bool:
+        """Whether ``message`` is among the whole messages read but not yet taken."""
+        buffer, start = self._buffer, 0
+        while start + _HEADER.size <= len(buffer):
+            end = start + _HEADER.size + _HEADER.unpack_from(buffer, start)[0]
+            if end > len(buffer):
+                break
+            if buffer[start + _HEADER.size:end] == message:
+                return True
+            start = end
+        return False
+
     @property
     def has_leftover(self) -> bool:
         return bool(self._buffer)

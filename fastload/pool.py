@@ -47,7 +47,7 @@ import numpy as np
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
 from fastload.ring import Segment, unlink_name
-from fastload.worker import worker_loop
+from fastload.worker import STOP_MESSAGE, worker_loop
 
 try:
     from fcntl import fcntl
@@ -143,6 +143,8 @@ class WorkerPool:
         self._process_of_fd: dict[int, Any] = {}
         self._ring_prefix = ring_prefix
         self._message_names: list[str] = []
+        # How long shutdown lets a busy worker finish the batch in hand.
+        self.exit_grace = _JOIN_GRACE
         # ``inherited_slots`` (fork only): ring slots the workers write through
         # the mappings they inherit (NOTE [ Slots that outlive an epoch ]).
         self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix,
@@ -349,11 +351,11 @@ class WorkerPool:
         for conn, process in zip(self._task_conns, self.processes):
             if process.is_alive():
                 try:
-                    send_frame(conn.fileno(), pickle.dumps(None))
+                    send_frame(conn.fileno(), STOP_MESSAGE)
                 except OSError:
                     pass  # it is exiting already
         if wait:
-            _reap(self.processes)
+            _reap(self.processes, self.exit_grace)
         elif self.processes:
             _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, self.processes))
         _reap_exiting()
@@ -387,15 +389,16 @@ def _reap_exiting() -> None:
             continue  # inherited by a forked child: not its processes
         alive = [p for p in processes if p.is_alive()]  # is_alive() reaps an exited one
         if alive and now >= deadline:
-            _reap(alive)
+            _reap(alive, 0.0)  # their grace is over
         elif alive:
             pending.append((owner, deadline, alive))
     _exiting[:] = pending
 
 
-def _reap(processes: list) -> None:
-    """Join workers that were asked to exit; terminate, then kill, the ones that do not."""
-    deadline = time.monotonic() + _JOIN_GRACE
+def _reap(processes: list, grace: float) -> None:
+    """Join workers that were asked to exit; after ``grace`` seconds terminate, then
+    kill, the ones that have not."""
+    deadline = time.monotonic() + grace
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
     for process in processes:

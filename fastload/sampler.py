@@ -187,6 +187,8 @@ class SubsetRandomSampler(_SeededSampler):
             raise ValueError(f"indices should be a 1d sequence, but got shape {array.shape}")
         if array.size and array.dtype.kind not in "iu":
             raise TypeError(f"indices should be integers, but got dtype {array.dtype}")
+        if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"indices should fit in int64, but the largest is {array.max()}")
         return array.astype(np.int64, copy=False)
 
     def _epoch_indices(self) -> np.ndarray:
@@ -198,9 +200,10 @@ class SubsetRandomSampler(_SeededSampler):
 class WeightedRandomSampler(_SeededSampler):
     """``num_samples`` indices of ``range(len(weights))``, drawn proportionally to ``weights``.
 
-    With replacement each draw is O(1) from an alias table built once (on the
-    first epoch, and again whenever ``weights`` is reassigned).  Invalid
-    weights raise on the first epoch, as torch.multinomial does then.
+    With replacement each draw is O(1) from an alias table, built on the
+    first epoch and again whenever ``weights`` has changed since (reassigned
+    or edited in place, which torch's sampler also sees).  Invalid weights
+    raise on the first epoch, as torch.multinomial does then.
     """
 
     weights: np.ndarray
@@ -233,8 +236,8 @@ class WeightedRandomSampler(_SeededSampler):
 
     @weights.setter
     def weights(self, value: Sequence[float]) -> None:
-        # A private copy, so the cached alias table cannot go stale behind our
-        # back.  asarray first: a tensor's __array__ rejects numpy 2's copy=.
+        # A copy, as torch.as_tensor(weights, dtype=double) makes of a list.
+        # asarray first: a tensor's __array__ rejects numpy 2's copy=.
         array = np.asarray(value, dtype=np.float64).copy()
         if array.ndim != 1:
             raise ValueError(
@@ -243,14 +246,17 @@ class WeightedRandomSampler(_SeededSampler):
             )
         self._weights = array
         self._alias: np.ndarray | None = None
+        self._alias_weights: np.ndarray | None = None  # what the alias table was built from
 
     def __len__(self) -> int:
         return self.num_samples
 
     def _epoch_indices(self) -> np.ndarray:
         if self.replacement:
-            if self._alias is None:
+            # Comparing costs a fraction of rebuilding (one pass, no division).
+            if self._alias is None or not np.array_equal(self._weights, self._alias_weights):
                 self._alias = _core.alias_table(self._weights)
+                self._alias_weights = self._weights.copy()
             return _core.alias_draw(self._alias, self.num_samples, self._seed_source.draw())
         return _core.weighted_sample(self._weights, self.num_samples, False,
                                      self._seed_source.draw())

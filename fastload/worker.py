@@ -12,7 +12,9 @@ pipe; array bytes never travel through either (they go into ring slots):
   per worker, then by number: see ``layout_wire``);
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
 * ``("indirect", name, size)``: the real message waits in shared memory;
-* ``None``: exit.
+* ``None``: exit, without making the batches still queued (torch's workers
+  skip them too, once told to stop), so stopping never waits for more than
+  the batch in hand.
 
 Both pipes carry ``frames`` (a length, then a pickle).
 
@@ -44,7 +46,7 @@ from fastload.layout_wire import LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",
-           "LIVENESS_INTERVAL"]
+           "LIVENESS_INTERVAL", "STOP_MESSAGE"]
 
 # How often an idle worker checks that the main process is alive, where the
 # kernel cannot tell it (no pidfd).  Seconds.
@@ -56,12 +58,18 @@ _ORPHAN_GRACE = 2.0
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """What ``get_worker_info()`` returns inside a worker (as torch's)."""
+    """What ``get_worker_info()`` returns inside a worker (as torch's).
+
+    ``rng`` and ``worker_method`` are torch 2.13's later fields, with the
+    values torch gives a process worker.
+    """
 
     id: int
     num_workers: int
     seed: int
     dataset: Any
+    rng: Any = None
+    worker_method: str | None = "multiprocessing"
 
 
 _worker_info: WorkerInfo | None = None
@@ -97,7 +105,11 @@ class ExceptionWrapper:
             # KeyError repr()s its argument, which would mangle the traceback.
             message = _KeyErrorMessage(message)
         try:
-            exception = self.exc_type(message)
+            if getattr(self.exc_type, "message", None):
+                # Types that declare a ``message`` (often keyword-only), as torch handles them.
+                exception = self.exc_type(message=message)
+            else:
+                exception = self.exc_type(message)
         except Exception:
             # Some exception types need other arguments.
             raise RuntimeError(message) from None
@@ -252,6 +264,11 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     try:
         orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
                           parent, inherited_slots)
+    except BaseException:
+        # The caller's code ended this worker (``sys.exit()`` in a dataset, say):
+        # it dies as torch's would, and the main process reports the exit.
+        orphaned = parent.gone()
+        raise
     finally:
         # A killed main process closes its pipe ends before the kernel reports
         # it gone, so a worker that lost its pipes waits (briefly) to be sure.
@@ -306,7 +323,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
         source = BatchSource(dataset, *source_args)
-    except BaseException:
+    except Exception:
         # The main process re-raises it and stops the pool.
         return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
     writer = SlotWriter(inherited_slots)
@@ -325,7 +342,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             message = _decode_task(data)
         except (EOFError, OSError):
             break  # the main process closed our task pipe without a word: it died
-        if message is None:
+        if message is None or _told_to_stop(tasks, tasks_ready):
             result_conn.close()
             return False
         kind = message[0]
@@ -343,8 +360,11 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         try:
             kind, payload = "batch", source.make_into(batch_no, indices, allocation)
         except StopIteration:
-            kind, payload = "end", None
-        except BaseException:
+            # The end of this worker's IterableDataset replica.  From a map-style
+            # dataset it is an error that the main process re-raises, as torch does
+            # (ending the caller's loop there).
+            kind, payload = ("end", None) if source.iterable else ("error", ExceptionWrapper(where))
+        except Exception:
             kind, payload = "error", ExceptionWrapper(where)
         if kind == "batch":
             try:
@@ -360,6 +380,28 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             break
     result_conn.close()
     return True
+
+
+# The stop message, as the main process sends it.
+STOP_MESSAGE = pickle.dumps(None)
+
+
+def _told_to_stop(tasks: FrameReader, tasks_ready: Any) -> bool:
+    """Whether a stop message waits behind the task about to be made.
+
+    Checked only when tasks were read ahead (the buffer holds more), which is
+    when a stop could be queued behind them: the pipe is read once more
+    (without waiting) so a stop sent meanwhile is seen.  In the steady state a
+    worker reads one task at a time and this costs nothing.
+    """
+    if not tasks.has_leftover:
+        return False
+    if any(fd == tasks.fd for fd, _ in tasks_ready.poll(0)):
+        try:
+            tasks.fill()
+        except (EOFError, OSError):
+            return True  # the main process closed our pipe: nobody will read the batch
+    return tasks.holds(STOP_MESSAGE)
 
 
 def _send(conn: Any, reply: tuple, where: str = "") -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -53,6 +54,28 @@ class SlowDataset(SquareDataset):
         return super().__getitem__(i)
 
 
+class CallLoggingDataset(SlowDataset):
+    """``SlowDataset`` that appends each index it starts on to the file ``log``
+    (one write per line, so the lines of several workers do not mix)."""
+
+    def __init__(self, log: str, n: int = 64, delay: float = 0.2) -> None:
+        super().__init__(n, delay)
+        self.log = log
+
+    def __getitem__(self, i):
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, f"{i}\n".encode())
+        finally:
+            os.close(fd)
+        return super().__getitem__(i)
+
+
+def logged_calls(log: str) -> list[int]:
+    with open(log) as handle:
+        return sorted(int(line) for line in handle)
+
+
 class GrowingDataset(Dataset):
     """Samples grow with their batch: batch ``b`` holds float64 vectors of ``(b+1) * step`` items.
 
@@ -76,7 +99,7 @@ class FaultyDataset(SquareDataset):
     """``SquareDataset`` that misbehaves on index ``bad``.
 
     ``mode``: "raise" raises ``error_type(*error_args)``; "sigkill" kills its
-    own process; "exit" calls ``os._exit(3)``.
+    own process; "exit" calls ``os._exit(3)``; "sys.exit" calls ``sys.exit()``.
     """
 
     def __init__(self, n: int, bad: int, mode: str = "raise", error_type: type = ValueError,
@@ -94,6 +117,8 @@ class FaultyDataset(SquareDataset):
                 time.sleep(10)
             elif self.mode == "exit":
                 os._exit(3)
+            elif self.mode == "sys.exit":
+                sys.exit("the dataset called sys.exit()")
             else:
                 raise self.error_type(*self.error_args)
         return super().__getitem__(i)

@@ -16,8 +16,7 @@ Known, deliberate differences from torch (asserted as such below):
 * numpy dtypes torch refuses are collated: structured, datetime64,
   longdouble, big-endian arrays, negative strides, uint64 scalars;
 * arrays (and numpy scalars) of mixed dtypes promote with numpy's rules where
-  torch uses its own (see ``MIXED_PROMOTION``);
-* an empty batch raises ``ValueError`` (torch: ``IndexError`` from ``batch[0]``).
+  torch uses its own (see ``MIXED_PROMOTION``).
 """
 
 from __future__ import annotations
@@ -515,9 +514,11 @@ def test_numpy_str_scalars_stay_strings():
     assert out == ["x", "y"] and type(out[0]) is np.str_
 
 
-def test_empty_batch_raises():
-    with pytest.raises(ValueError):  # torch: IndexError from batch[0]
+def test_empty_batch_raises_index_error_as_torch(torch):
+    with pytest.raises(IndexError, match="empty batch"):
         default_collate([])
+    with pytest.raises(IndexError):
+        torch.utils.data.default_collate([])
 
 
 # --------------------------------------------------------------------------

@@ -120,6 +120,21 @@ def test_array_dataset_fast_path_equals_per_sample_path():
             assert_same(a, b)
 
 
+def test_subsets_with_list_indices_take_the_array_fast_path():
+    from fastload.fetch import array_rows
+
+    x = np.arange(40).reshape(20, 2)
+    train, _ = fl.random_split(fl.ArrayDataset(x), [0.75, 0.25], generator=0)
+    assert type(train.indices) is list
+    arrays, rows = array_rows(train)
+    assert arrays[0] is x
+    np.testing.assert_array_equal(rows, train.indices)
+    nested = fl.Subset(train, [4, 0, -1])
+    np.testing.assert_array_equal(array_rows(nested)[1], [train.indices[i] for i in (4, 0, -1)])
+    assert array_rows(fl.Subset(fl.ArrayDataset(x), [])) is not None
+    assert array_rows(fl.Subset(fl.ArrayDataset(x), [True, False])) is None  # torch's 1/0 keys
+
+
 def test_seeded_shuffle_is_reproducible_and_differs_by_epoch_and_seed():
     ds = fl.ArrayDataset(np.arange(100))
     loader = DataLoader(ds, batch_size=10, shuffle=True, generator=7)
@@ -365,3 +380,111 @@ def test_transform_rng_is_seeded_per_batch_regardless_of_workers():
     assert run(0) == run(2)
     assert run(0) != [b.tolist() for b in DataLoader(Noisy(), batch_size=4, shuffle=True,
                                                      generator=6)]
+
+
+def test_a_batch_that_raises_does_not_shift_the_transform_seeds_after_it():
+    from fastload.rng import transform_rng
+
+    class NoisyWithAFault(fl.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            if i == 5:
+                raise ValueError("sample 5 is broken")
+            return transform_rng().integers(0, 1 << 30)
+
+    def run(num_workers):
+        it = iter(DataLoader(NoisyWithAFault(), batch_size=4, generator=5, num_workers=num_workers))
+        batches = [next(it).tolist()]
+        with pytest.raises(ValueError, match="sample 5"):
+            next(it)
+        return batches + [b.tolist() for b in it]
+
+    assert run(0) == run(2)
+    assert len(run(0)) == 4
+
+
+# --------------------------------------------------------------------------
+# Batch samplers the loader must iterate as they are
+# --------------------------------------------------------------------------
+
+def _reversed_batch_sampler(library):
+    class ReversedBatches(library.BatchSampler):  # overrides __iter__, keeps the rest
+        def __iter__(self):
+            return iter(list(super().__iter__())[::-1])
+
+    return ReversedBatches(library.SequentialSampler(range(5)), 2, False)
+
+
+def _bucketing_batch_sampler(library):
+    class Buckets(library.BatchSampler):  # a common pattern: no super().__init__()
+        def __init__(self, batches):
+            self.batches = batches
+
+        def __iter__(self):
+            return iter(self.batches)
+
+        def __len__(self):
+            return len(self.batches)
+
+    return Buckets([[4, 0], [1], [3, 2]])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("make", [_reversed_batch_sampler, _bucketing_batch_sampler],
+                         ids=["overridden-iter", "no-super-init"])
+def test_a_batch_sampler_subclass_is_iterated_as_torch_does(torch, make, num_workers):
+    ours = [b.tolist() for b in DataLoader(list(range(5)), batch_sampler=make(fl),
+                                           num_workers=num_workers)]
+    theirs = [b.tolist() for b in torch.utils.data.DataLoader(
+        list(range(5)), batch_sampler=make(torch.utils.data), num_workers=num_workers)]
+    assert ours == theirs
+    assert len(ours) == len(make(fl))
+
+
+class BatchKeyed(fl.Dataset):
+    """Indexed by a whole batch of keys at once, as a list (what torch passes)."""
+
+    items = ["a", "b", "c", "d", "e"]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, keys):
+        assert type(keys) is list and all(type(k) is int for k in keys), keys
+        return [self.items[k] for k in keys]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_sampler_as_sampler_hands_the_dataset_lists_as_torch(torch, num_workers):
+    def batches(library):
+        sampler = library.BatchSampler(library.SequentialSampler(range(5)), 2, False)
+        return list(library.DataLoader(BatchKeyed(), sampler=sampler, batch_size=None,
+                                       num_workers=num_workers))
+
+    assert batches(fl) == batches(torch.utils.data) == [["a", "b"], ["c", "d"], ["e"]]
+
+
+def test_num_workers_may_be_a_numpy_integer_as_in_torch(torch):
+    for count in (np.int64(0), np.int32(2)):
+        ours = DataLoader(list(range(6)), batch_size=2, num_workers=count)
+        theirs = torch.utils.data.DataLoader(list(range(6)), batch_size=2, num_workers=count)
+        assert [b.tolist() for b in ours] == [b.tolist() for b in theirs]
+        assert ours.num_workers == count and type(ours.num_workers) is int
+    with pytest.raises(TypeError, match="num_workers should be an integer.*2.0"):
+        DataLoader(list(range(6)), num_workers=2.0)  # torch: TypeError too, at iter()
+
+
+def _masked_collate(samples):
+    return np.ma.masked_array(samples, mask=[v < 0 for v in samples])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_collate_fn_returning_an_array_subclass_keeps_it(num_workers):
+    loader = DataLoader([1.0, -2.0, 3.0, -4.0], batch_size=2, num_workers=num_workers,
+                        collate_fn=_masked_collate)
+    batches = list(loader)
+    assert all(type(b) is np.ma.MaskedArray for b in batches)
+    assert [b.mask.tolist() for b in batches] == [[False, True], [False, True]]
+    assert [b.data.tolist() for b in batches] == [[1.0, -2.0], [3.0, -4.0]]

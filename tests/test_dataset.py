@@ -2,9 +2,10 @@
 
 Differential tests build the same data for both libraries through the ``Lib``
 adapters below and compare items, lengths and errors; the rest pin down what
-torch cannot be compared on (memmaps, compact Subset indices, seeding).
+torch cannot be compared on (memmaps, seeding).
 """
 
+import json
 import pickle
 import warnings
 
@@ -445,12 +446,22 @@ def test_subset_position_out_of_range_matches_torch(torch, position):
     assert str(position) in str(ours)
 
 
-def test_subset_stores_compact_int64_indices():
-    ds = Subset(list(range(10)), [3, 1, 4, 1, 5])
-    assert isinstance(ds.indices, np.ndarray)
-    assert ds.indices.dtype == np.int64 and ds.indices.ndim == 1
-    np.testing.assert_array_equal(ds.indices, [3, 1, 4, 1, 5])
-    assert Subset(list(range(3)), []).indices.dtype == np.int64
+@pytest.mark.parametrize("indices", [[3, 1, 4], (3, 1, 4), range(3), np.array([3, 1, 4])], ids=repr)
+def test_subset_keeps_indices_as_given_like_torch(torch, indices):
+    ours, theirs = Subset(list(range(10)), indices), torch.utils.data.Subset(list(range(10)), indices)
+    assert ours.indices is indices and theirs.indices is indices
+
+
+def test_random_split_indices_are_lists_like_torch(torch):
+    ours = random_split(range(10), [6, 4], generator=0)
+    theirs = torch.utils.data.random_split(range(10), [6, 4], generator=torch.Generator().manual_seed(0))
+    for mine, torch_split in zip(ours, theirs):
+        assert type(mine.indices) is type(torch_split.indices) is list
+        assert all(type(i) is int for i in mine.indices)
+    # What callers do with them: join, compare, save.
+    assert sorted(ours[0].indices + ours[1].indices) == list(range(10))
+    assert (ours[0].indices == ours[1].indices) is False
+    assert json.loads(json.dumps(ours[0].indices)) == ours[0].indices
 
 
 def test_subset_keeps_non_integer_keys_as_given(torch):
@@ -616,7 +627,7 @@ def test_random_split_zero_length_warns_at_caller():
 
 def test_random_split_is_reproducible_per_seed():
     def split(seed):
-        return [s.indices.tolist() for s in random_split(range(200), [0.5, 0.3, 0.2], generator=seed)]
+        return [s.indices for s in random_split(range(200), [0.5, 0.3, 0.2], generator=seed)]
 
     assert split(7) == split(7)
     assert split(7) != split(8)
@@ -628,7 +639,7 @@ def test_random_split_is_reproducible_per_seed():
 
 def test_random_split_accepts_numpy_and_torch_generators(torch):
     def split(generator):
-        return [s.indices.tolist() for s in random_split(range(50), [20, 30], generator=generator)]
+        return [s.indices for s in random_split(range(50), [20, 30], generator=generator)]
 
     assert split(np.random.default_rng(5)) == split(np.random.default_rng(5))
     assert split(torch.Generator().manual_seed(5)) == split(torch.Generator().manual_seed(5))
@@ -639,7 +650,7 @@ def test_random_split_of_array_dataset_gives_array_subsets():
     values = np.arange(30).reshape(10, 3)
     train, val = random_split(ArrayDataset(values), [0.8, 0.2], generator=1)
     assert isinstance(train.dataset, ArrayDataset) and train.dataset.arrays[0] is values
-    assert train.indices.dtype == np.int64 and len(train) == 8 and len(val) == 2
+    assert len(train) == 8 and len(val) == 2
     np.testing.assert_array_equal(val[1][0], values[val.indices[1]])
 
 

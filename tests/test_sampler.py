@@ -427,3 +427,19 @@ def test_all_exported():
                                "WeightedRandomSampler", "BatchSampler", "DistributedSampler"}
     with pytest.raises(NotImplementedError):
         iter(fs.Sampler())
+
+
+def test_weights_edited_in_place_take_effect_as_in_torch(td):
+    ours = fs.WeightedRandomSampler([1.0, 1.0, 1.0], 60, generator=0)
+    theirs = td.WeightedRandomSampler([1.0, 1.0, 1.0], 60)
+    assert set(ours) == set(theirs) == {0, 1, 2}
+    for sampler in (ours, theirs):
+        sampler.weights[0] = 0
+        sampler.weights[1] = 0
+    assert set(ours) == set(theirs) == {2}
+
+
+def test_subset_random_sampler_refuses_indices_beyond_int64():
+    sampler = fs.SubsetRandomSampler(np.array([1, 2**63], dtype=np.uint64), generator=0)
+    with pytest.raises(ValueError, match="fit in int64"):
+        list(sampler)

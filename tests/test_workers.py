@@ -212,6 +212,22 @@ def _worker_info():
     return info
 
 
+class WorkerInfoFields(fl.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        info = _worker_info()
+        return {name: getattr(info, name) for name in ("id", "num_workers", "worker_method", "rng")}
+
+
+def test_worker_info_has_torchs_fields_and_values(torch):
+    ours = list(DataLoader(WorkerInfoFields(), batch_size=None, num_workers=2))
+    theirs = list(torch.utils.data.DataLoader(WorkerInfoFields(), batch_size=None, num_workers=2))
+    assert ours == theirs
+    assert {s["worker_method"] for s in ours} == {"multiprocessing"}
+
+
 class UnevenWorkers(fl.Dataset):
     """Worker 0 is slow; each sample is a draw from the worker's numpy generator.
 
