@@ -247,10 +247,10 @@ def pipeline_rate(workload: Workload) -> float:
     order = np.random.default_rng(0).permutation(len(dataset))
     batches = len(dataset) // bs
     for b in range(3):
-        source.make(b, order[b * bs:(b + 1) * bs])
+        source.make(b, order[b * bs:(b + 1) * bs], True)
     start = time.perf_counter()
     for b in range(batches):
-        source.make(b, order[b * bs:(b + 1) * bs])
+        source.make(b, order[b * bs:(b + 1) * bs], True)
     return batches * bs / (time.perf_counter() - start)
 
 

@@ -184,15 +184,23 @@ class MappingNode:
             and _children_match(self.children, other.children, values)
 
     def __reduce__(self):
-        # Sent from a worker: a dict subclass travels as an emptied clone (its
-        # own storage, so the sample is untouched), never with the sample's
-        # values; any other mapping is rebuilt from its type.
-        template = None
-        if isinstance(self.template, dict):
-            template = copy.copy(self.template)
+        # Sent from a worker, the template travels without the sample's values
+        # (the batch's replace them anyway).  A dict subclass: an emptied clone
+        # (its own storage, so the sample is untouched).  Another mutable
+        # mapping may keep its items anywhere (and take other constructor
+        # arguments), so it is deep-copied with each value standing in as None;
+        # one that cannot be is sent as the clone itself, as torch sends it.
+        template = self.template
+        if isinstance(template, dict):
+            template = copy.copy(template)
             # Its own clear(): dict.clear would bypass the bookkeeping of a
             # subclass such as OrderedDict (whose pickling then fails).
             template.clear()
+        elif template is not None:
+            try:
+                template = copy.deepcopy(template, {id(value): None for value in template.values()})
+            except Exception:
+                pass
         return (_rebuild_mapping_node, (self.keys, self.children, template, self.mapping_type))
 
     def build(self, buffer: np.ndarray) -> Any:
@@ -447,6 +455,27 @@ def _torch_dtype_of(value: Any) -> np.dtype:
     return np.asarray(value).dtype
 
 
+def _as_tensor_dtype(value: Any) -> np.dtype | None:
+    """The dtype ``torch.as_tensor(value)`` has (None: not numeric data)."""
+    if _is_torch_tensor(value):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, (np.ndarray, np.generic)):
+        dtype = value.dtype
+    elif isinstance(value, (bool, int, float, complex)):
+        return _torch_dtype_of(value)
+    elif isinstance(value, (list, tuple)):
+        try:
+            dtype = np.asarray(value).dtype
+        except (TypeError, ValueError):
+            return None
+        # Python floats become torch's default dtype, not float64.
+        dtype = {np.dtype(np.float64): np.dtype(np.float32),
+                 np.dtype(np.complex128): np.dtype(np.complex64)}.get(dtype, dtype)
+    else:
+        return None
+    return dtype if dtype.kind in "biufc" else None
+
+
 def torch_promote(dtypes: list) -> np.dtype:
     """The dtype torch gives when it stacks or tensorises values of ``dtypes``."""
     top = max(_CATEGORY.get(d.kind, 2) for d in dtypes)
@@ -511,21 +540,23 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
             raise RuntimeError(f"default_collate: {where}: shape {tuple(bad.shape)} != "
                                f"{leaf.shape[1:]} of {first}; stacked arrays must all have "
                                f"the same shape")
-        if code == _core.COPY_BAD_TYPE:
-            raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} "
-                            f"is a numpy array; every sample must have the structure of the first")
-        not_array = next((i for i, v in enumerate(values) if not isinstance(v, np.ndarray)), None)
-        if not_array is not None:
-            raise TypeError(f"default_collate: {format_path(leaf.path, not_array)} is "
-                            f"{type(values[not_array]).__name__}, but {first} is a numpy array; "
-                            f"every sample must have the structure of the first")
-        # Mixed dtypes: torch.stack promotes, so do we (torch's rules).
-        leaf.dtype = torch_promote([v.dtype for v in values])
+        # Mixed dtypes, or numbers and sequences beside the arrays: torch makes a
+        # tensor of every value and stacks them, promoting; so do we (its rules).
+        dtypes = []
+        for i, value in enumerate(values):
+            dtype = _as_tensor_dtype(value)
+            if dtype is None:
+                raise TypeError(f"default_collate: {format_path(leaf.path, i)} is "
+                                f"{type(value).__name__}, but {first} is a numpy array; "
+                                f"every sample must have the structure of the first")
+            dtypes.append(dtype)
+        leaf.dtype = torch_promote(dtypes)
         leaf.kind = _CAST_ARRAY
         return False
     if code == _core.COPY_OVERFLOW:
         raise _overflow(where, bad)
-    if not isinstance(bad, (bool, int, float, np.bool_, np.number)):
+    zero_d = isinstance(bad, np.ndarray) and bad.ndim == 0 and bad.dtype.kind in "biufc"
+    if not (zero_d or isinstance(bad, (bool, int, float, np.bool_, np.number))):
         raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} is "
                         f"{type(values[0]).__name__}; every sample must have the structure "
                         f"of the first")

@@ -315,17 +315,19 @@ class DataLoader:
         self._pending_state = dict(state)
 
 
-def _index_stream(index_sampler: Any, auto_collation: bool) -> Iterator[Any]:
-    """The epoch's index batches: int64 arrays from our samplers, else what the sampler yields.
+def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[Any], bool]:
+    """The epoch's index batches, and whether they are our kernel's int64 arrays.
 
-    The arrays stand in for ``BatchSampler.__iter__``'s lists only where nothing
-    can tell: a subclass may yield other batches than ours, and without
-    auto-collation the dataset itself receives each batch (a list, in torch).
+    The arrays stand in for ``BatchSampler.__iter__``'s lists (the dataset is
+    given them as lists) only where nothing can tell: a subclass may yield
+    other batches than ours, and without auto-collation the dataset itself
+    receives each batch.  Any other sampler's batches reach the dataset as
+    they were yielded, as in torch.
     """
     if auto_collation and type(index_sampler).__iter__ is BatchSampler.__iter__ \
             and _epoch_source(getattr(index_sampler, "sampler", None)) is not None:
-        return index_sampler._index_batches()
-    return iter(index_sampler)
+        return index_sampler._index_batches(), True
+    return iter(index_sampler), False
 
 
 class _BaseIter:
@@ -365,7 +367,8 @@ class _BaseIter:
         self.epoch_rng_states = [s.get_state() for s in sources]
         base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
-        self._indices = _index_stream(self._index_sampler, self._source.auto_collation)
+        self._indices, self._kernel_batches = _index_stream(self._index_sampler,
+                                                            self._source.auto_collation)
         # Batches already seen are skipped as indices only: nothing is fetched.
         for _ in itertools.islice(self._indices, skip):
             pass
@@ -415,7 +418,7 @@ class _SingleProcessIter(_BaseIter):
         batch_no = self._next_batch_no
         self._next_batch_no += 1
         try:
-            batch = self._source.make(batch_no, indices)
+            batch = self._source.make(batch_no, indices, self._kernel_batches)
         except StopIteration:
             # The end of an IterableDataset ends the epoch.  Raised by a map-style
             # dataset, it ends only the caller's loop: the epoch goes on, as in torch.
@@ -556,7 +559,9 @@ class _MultiProcessIter(_BaseIter):
         self._load[worker] += 1
         # Plain tuples and raw bytes pickle ~15x faster than a tuple subclass
         # and an ndarray: this is on the per-batch path of both processes.
-        if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
+        # Only our kernel's batches travel as bytes (and become lists of keys);
+        # any other sampler's batch reaches the dataset as it was yielded.
+        if self._kernel_batches:
             self._pool.send(worker, ("batch", batch_no, tuple(slot), True, indices.tobytes()))
         else:
             self._pool.send(worker, ("batch", batch_no, tuple(slot), False, indices))

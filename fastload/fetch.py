@@ -100,8 +100,12 @@ class BatchSource:
 
     # -- fetching ------------------------------------------------------------
 
-    def _fetch(self, indices: Any) -> Any:
-        """The samples of one batch (a list), or one sample without auto-collation."""
+    def _fetch(self, indices: Any, kernel_batch: bool) -> Any:
+        """The samples of one batch (a list), or one sample without auto-collation.
+
+        ``kernel_batch``: ``indices`` is our BatchSampler's int64 array, which
+        the dataset sees as the list ``BatchSampler.__iter__`` would give.
+        """
         if self.iterable:
             if self._exhausted:
                 raise StopIteration
@@ -121,7 +125,7 @@ class BatchSource:
             return samples
         if not self.auto_collation:
             return self.dataset[indices]
-        keys = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        keys = indices.tolist() if kernel_batch else indices
         if self._getitems is not None:
             return self._getitems(keys)
         dataset = self.dataset
@@ -153,21 +157,21 @@ class BatchSource:
 
     # -- making batches ------------------------------------------------------
 
-    def make(self, batch_no: int, indices: Any) -> Any:
-        """One batch as the caller sees it (single-process loading)."""
+    def make(self, batch_no: int, indices: Any, kernel_batch: bool) -> Any:
+        """One batch as the caller sees it (single-process loading); see ``_fetch``."""
         seed_transform_rng(self._base_seed, batch_no)
         if self._arrays is not None:
             layout, buffer = self._gather_arrays(indices, private_buffer)
             return layout.build(buffer)
-        return self.collate_fn(self._fetch(indices))
+        return self.collate_fn(self._fetch(indices, kernel_batch))
 
-    def make_into(self, batch_no: int, indices: Any, allocate: Callable[[int], np.ndarray]
-                  ) -> BatchLayout:
+    def make_into(self, batch_no: int, indices: Any, kernel_batch: bool,
+                  allocate: Callable[[int], np.ndarray]) -> BatchLayout:
         """One batch written into ``allocate``'s buffer; returns its layout (workers)."""
         seed_transform_rng(self._base_seed, batch_no)
         if self._arrays is not None:
             return self._gather_arrays(indices, allocate)[0]
-        data = self._fetch(indices)
+        data = self._fetch(indices, kernel_batch)
         if self.default_collate:
             return collate_into(data, allocate)[0]
         return pack_into(self.collate_fn(data), allocate)[0]

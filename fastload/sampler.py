@@ -12,6 +12,8 @@ user samplers need not implement them:
   ``__iter__`` yields exactly these indices as Python ints.
 * ``_seed_source``: the ``SeedSource`` behind a random sampler, so the loader
   can snapshot it before an epoch and replay that epoch on resume.
+* ``_has_epoch_kernel()`` (optional): False when this epoch cannot be an
+  int64 array (a SubsetRandomSampler of strings), so it is iterated instead.
 
 Random streams differ from torch's (we do not reproduce torch's Mersenne
 Twister); everything else (lengths, padding, batching, errors) matches.
@@ -166,7 +168,9 @@ class SubsetRandomSampler(_SeededSampler):
     """The given ``indices`` in random order, without replacement.
 
     ``indices`` is read at every epoch, so changing it in place between
-    epochs takes effect, as in torch.
+    epochs takes effect, as in torch.  Integer indices are permuted by the
+    kernel; any others (strings, tuples, ...) are yielded as they are, in
+    the order of a kernel permutation of their positions.
     """
 
     indices: Sequence[int]
@@ -178,23 +182,41 @@ class SubsetRandomSampler(_SeededSampler):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def _index_array(self) -> np.ndarray:
+    def _index_array(self) -> np.ndarray | None:
+        """``indices`` as int64, or None when they are not all integers that fit."""
         if isinstance(self.indices, range):
             r = self.indices
             return np.arange(r.start, r.stop, r.step, dtype=np.int64)
-        array = np.asarray(self.indices)
-        if array.ndim != 1:
-            raise ValueError(f"indices should be a 1d sequence, but got shape {array.shape}")
-        if array.size and array.dtype.kind not in "iu":
-            raise TypeError(f"indices should be integers, but got dtype {array.dtype}")
-        if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"indices should fit in int64, but the largest is {array.max()}")
+        try:
+            array = np.asarray(self.indices)
+        except (TypeError, ValueError):
+            return None
+        if array.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if array.ndim != 1 or array.dtype.kind not in "iu" or (
+                array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max):
+            return None
         return array.astype(np.int64, copy=False)
+
+    def _has_epoch_kernel(self) -> bool:
+        return self._index_array() is not None
 
     def _epoch_indices(self) -> np.ndarray:
         indices = self._index_array()
+        if indices is None:
+            raise TypeError("SubsetRandomSampler's indices are not integers: iterate it instead")
         order = _core.permutation(indices.shape[0], self._seed_source.draw())
         return indices[order]
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = self._index_array()
+        if indices is not None:
+            yield from _iter_ints(indices[_core.permutation(indices.shape[0],
+                                                            self._seed_source.draw())])
+            return
+        order = _core.permutation(len(self.indices), self._seed_source.draw())
+        for position in order.tolist():
+            yield self.indices[position]
 
 
 class WeightedRandomSampler(_SeededSampler):
@@ -258,8 +280,15 @@ class WeightedRandomSampler(_SeededSampler):
                 self._alias = _core.alias_table(self._weights)
                 self._alias_weights = self._weights.copy()
             return _core.alias_draw(self._alias, self.num_samples, self._seed_source.draw())
-        return _core.weighted_sample(self._weights, self.num_samples, False,
-                                     self._seed_source.draw())
+        seed = self._seed_source.draw()
+        zero = self._weights == 0
+        drawable = zero.shape[0] - int(np.count_nonzero(zero))  # invalid weights raise below
+        if 0 < drawable < self.num_samples <= zero.shape[0]:
+            # Without replacement torch draws the zero-weight indices last, once
+            # the others are used up (in a fixed order; here, ascending).
+            head = _core.weighted_sample(self._weights, drawable, False, seed)
+            return np.concatenate([head, np.flatnonzero(zero)[:self.num_samples - drawable]])
+        return _core.weighted_sample(self._weights, self.num_samples, False, seed)
 
 
 def _epoch_source(sampler: Any) -> Callable[[], np.ndarray] | None:
@@ -274,6 +303,9 @@ def _epoch_source(sampler: Any) -> Callable[[], np.ndarray] | None:
     epoch = getattr(sampler, "_epoch_indices", None)
     if epoch is None:
         return None
+    has_kernel = getattr(sampler, "_has_epoch_kernel", None)
+    if has_kernel is not None and not has_kernel():
+        return None  # this epoch's indices are not integers (see SubsetRandomSampler)
     cls = type(sampler)
     for owner in cls.__mro__:
         if "_epoch_indices" in vars(owner):
@@ -433,6 +465,13 @@ class DistributedSampler(Sampler[int]):
 
     def _epoch_indices(self) -> np.ndarray:
         n = len(self.dataset)
+        if (n > self.total_size and not self.drop_last) or (n < self.total_size and self.drop_last):
+            # torch's check: its sizes were fixed at construction, and a dataset
+            # that has since grown (or, with drop_last, shrunk) cannot be split so.
+            raise AssertionError(
+                f"Number of indices ({n}) does not match total_size ({self.total_size}): "
+                f"the dataset changed size after this DistributedSampler was built; "
+                f"build a new one")
         if self.shuffle:
             # Every rank must build the same order: it depends on seed + epoch
             # only (torch's manual_seed takes the same value modulo 2**64).

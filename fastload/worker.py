@@ -6,7 +6,8 @@ pipe; array bytes never travel through either (they go into ring slots):
 * ``("epoch", base_seed)``: a new epoch starts (new transform seeds, an
   IterableDataset starts over);
 * ``("batch", batch_no, slot, packed, indices)``: make batch ``batch_no`` in
-  the slot (``packed``: the indices are an int64 array's bytes); the answer
+  the slot (``packed``: the indices are the bytes of our BatchSampler's int64
+  array, else any other sampler's batch as it was yielded); the answer
   is ``("batch" | "end" | "error", batch_no, slot_id,
   created_segment_name, encoded_layout_or_error)`` (a layout travels once
   per worker, then by number: see ``layout_wire``);
@@ -358,7 +359,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             indices = np.frombuffer(indices, dtype=np.int64)
         allocation = writer.allocator(slot_info)
         try:
-            kind, payload = "batch", source.make_into(batch_no, indices, allocation)
+            kind, payload = "batch", source.make_into(batch_no, indices, packed, allocation)
         except StopIteration:
             # The end of this worker's IterableDataset replica.  From a map-style
             # dataset it is an error that the main process re-raises, as torch does

@@ -366,6 +366,15 @@ MIXED_PROMOTION = [
     ("np_i32_f32", [np.int32(1), np.float32(2)], "float32", "float32"),
     ("np_f16_i64", [np.float16(1), np.int64(2)], "float16", "float16"),
     ("np_i32_pyint", [np.int32(1), 2], "int64", "int64"),
+    # Numbers and sequences beside arrays: torch.as_tensor of each, then stacked.
+    ("arr0d_pyint", [np.array(1), 2], "int64", "int64"),
+    ("arr0d_f64_pyint", [np.array(1.5), 2], "float64", "float64"),
+    ("arr_list", [np.array([1, 2]), [3, 4]], "int64", "int64"),
+    ("arr_tuple", [np.array([1, 2]), (3, 4)], "int64", "int64"),
+    ("f32arr_intlist", [np.ones(2, np.float32), [3, 4]], "float32", "float32"),
+    ("i32arr_floatlist", [np.zeros(2, "i4"), [1.5, 2.5]], "float32", "float32"),
+    ("np_scalar_arr0d", [np.int64(3), np.array(4)], "int64", "int64"),
+    ("pyint_arr0d", [3, np.array(4)], "int64", "int64"),
 ]
 
 
@@ -663,21 +672,22 @@ def test_type_change_across_samples_names_path():
         default_collate([1, 2, "three"])
 
 
-def test_mixed_array_dtypes_then_non_array_raises_typeerror():
-    # BUG: _fill_leaf's promotion does np.result_type(*(v.dtype for v in
-    # values)) over *all* samples' leaves, so a non-array after a dtype
-    # change raises a bare AttributeError ("'list' object has no attribute
-    # 'dtype'") with no path.  Without the dtype change the same batch is a
-    # TypeError naming batch[2]; it should be that either way.
-    with pytest.raises(TypeError, match=r"batch\[2\]"):
-        default_collate([np.zeros(2, "u1"), np.zeros(2, "f4"), [1, 2]])
-    with pytest.raises(TypeError, match=r"batch\[2\]"):
-        default_collate([np.zeros((), "u1"), np.zeros((), "f4"), 3])
+@pytest.mark.parametrize("batch", [
+    [np.zeros(2, "u1"), np.zeros(2, "f4"), [1, 2]],
+    [np.zeros((), "u1"), np.zeros((), "f4"), 3],
+    [np.zeros(2, "u1"), np.zeros(2, "u1"), [1, 2]],
+], ids=["dtype-change-then-list", "dtype-change-then-int", "list-after-arrays"])
+def test_numbers_and_lists_after_arrays_are_stacked_as_torch(torch, batch):
+    theirs = torch_collate(torch, batch).numpy()
+    ours = default_collate(batch)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    np.testing.assert_array_equal(ours, theirs)
 
 
-def test_non_array_after_array_same_dtype_raises_typeerror():
+@pytest.mark.parametrize("bad", [None, "ab", {"a": 1}, [1, "x"]], ids=repr)
+def test_a_non_numeric_value_after_arrays_raises_typeerror_naming_it(bad):
     with pytest.raises(TypeError, match=r"batch\[2\]"):
-        default_collate([np.zeros(2, "u1"), np.zeros(2, "u1"), [1, 2]])
+        default_collate([np.zeros(2, "u1"), np.zeros(2, "f4"), bad])
 
 
 # --------------------------------------------------------------------------

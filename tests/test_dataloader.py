@@ -488,3 +488,41 @@ def test_a_collate_fn_returning_an_array_subclass_keeps_it(num_workers):
     assert all(type(b) is np.ma.MaskedArray for b in batches)
     assert [b.mask.tolist() for b in batches] == [[False, True], [False, True]]
     assert [b.data.tolist() for b in batches] == [[1.0, -2.0], [3.0, -4.0]]
+
+
+class ReportsItsKeys(fl.Dataset):
+    """Each sample says what ``__getitems__`` (or ``__getitem__``) was handed."""
+
+    def __init__(self, batched=True):
+        if not batched:
+            self.__getitems__ = None  # torch's fetcher then indexes sample by sample
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, key):
+        return f"item {type(key).__name__}"
+
+    def __getitems__(self, keys):
+        return [f"batch {type(keys).__name__}"] * len(keys)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batched", [True, False], ids=["getitems", "getitem"])
+def test_a_custom_batch_samplers_batches_reach_the_dataset_as_yielded(torch, num_workers, batched):
+    batches = [np.array([3, 1]), (0, 2), [4, 5]]
+
+    def keys_seen(library):
+        loader = library.DataLoader(ReportsItsKeys(batched), batch_sampler=batches,
+                                    num_workers=num_workers)
+        return [sample for batch in loader for sample in batch]
+
+    assert keys_seen(fl) == keys_seen(torch.utils.data)
+
+
+def test_our_batch_samplers_batches_reach_the_dataset_as_lists_of_ints(torch):
+    def keys_seen(library, **kwargs):
+        return [s for b in library.DataLoader(ReportsItsKeys(), batch_size=3, **kwargs) for s in b]
+
+    for kwargs in ({}, {"shuffle": True}, {"num_workers": 2}):
+        assert keys_seen(fl, **kwargs) == keys_seen(torch.utils.data, **kwargs) == ["batch list"] * 8

@@ -14,6 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+import fastload as fl
 from fastload import sampler as fs
 
 SIZES = [0, 1, 2, 7, 10, 12, 13]
@@ -172,8 +173,12 @@ def test_weighted_random_sampler_without_replacement(td):
         drawn = list(fs.WeightedRandomSampler(weights, 4, replacement=False, generator=seed))
         assert sorted(drawn) == [0, 2, 3, 4]
     assert len(list(td.WeightedRandomSampler(weights, 4, replacement=False))) == 4
-    with pytest.raises(RuntimeError):
-        list(fs.WeightedRandomSampler(weights, 5, replacement=False))
+    # All five: the zero weight comes last (torch's too); six are too many for both.
+    assert list(fs.WeightedRandomSampler(weights, 5, replacement=False))[-1] == 1
+    assert list(td.WeightedRandomSampler(weights, 5, replacement=False))[-1] == 1
+    for library in (fs, td):
+        with pytest.raises(RuntimeError, match="n_sample > prob_dist.size"):
+            list(library.WeightedRandomSampler(weights, 6, replacement=False))
 
 
 def test_weighted_random_sampler_accepts_arrays_and_tensors(torch):
@@ -439,7 +444,50 @@ def test_weights_edited_in_place_take_effect_as_in_torch(td):
     assert set(ours) == set(theirs) == {2}
 
 
-def test_subset_random_sampler_refuses_indices_beyond_int64():
-    sampler = fs.SubsetRandomSampler(np.array([1, 2**63], dtype=np.uint64), generator=0)
-    with pytest.raises(ValueError, match="fit in int64"):
-        list(sampler)
+@pytest.mark.parametrize("indices", [["a", "b", "c"], [(0, 1), (2, 3)], [True, False],
+                                     np.array([1, 2**63], dtype=np.uint64)], ids=repr)
+def test_subset_random_sampler_yields_any_indices_as_torch(td, indices):
+    ours = list(fs.SubsetRandomSampler(indices, generator=0))
+    theirs = list(td.SubsetRandomSampler(indices))
+    assert sorted(map(repr, ours)) == sorted(map(repr, theirs))
+    assert len(ours) == len(indices)
+    # Each epoch is a permutation drawn from the seed, as for integer indices.
+    assert list(fs.SubsetRandomSampler(indices, generator=0)) == ours
+
+
+def test_subset_random_sampler_of_strings_through_the_loader():
+    data = {"a": 1, "b": 2, "c": 3, "d": 4}
+    loader = fl.DataLoader(data, sampler=fs.SubsetRandomSampler(list(data), generator=3),
+                           batch_size=2)
+    assert sorted(np.concatenate(list(loader)).tolist()) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("drop_last, change", [(False, [4, 5, 6]), (True, None), (False, None),
+                                               (True, [4, 5, 6])], ids=repr)
+def test_distributed_over_a_dataset_that_changed_size_as_torch(td, drop_last, change):
+    def epoch(library):
+        data = list(range(6))
+        sampler = library.DistributedSampler(data, num_replicas=2, rank=0, shuffle=False,
+                                             drop_last=drop_last)
+        if change is None:
+            del data[3:]  # shrunk
+        else:
+            data += change  # grown
+        try:
+            return list(sampler)
+        except AssertionError:
+            return AssertionError
+
+    assert epoch(fs) == epoch(td)
+
+
+@pytest.mark.parametrize("num_samples", [3, 4, 6])
+def test_without_replacement_zero_weights_come_last_once_the_others_run_out(td, num_samples):
+    weights = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    ours = list(fs.WeightedRandomSampler(weights, num_samples, replacement=False, generator=0))
+    theirs = list(td.WeightedRandomSampler(weights, num_samples, replacement=False))
+    assert len(ours) == len(theirs) == num_samples
+    assert len(set(ours)) == num_samples
+    # Both draw every positive weight first, then zero-weight indices.
+    assert set(ours[:3]) == set(theirs[:3]) == {0, 2, 5}
+    assert all(weights[i] == 0 for i in ours[3:]) and all(weights[i] == 0 for i in theirs[3:])

@@ -1,6 +1,7 @@
 """Worker processes: same batches for any num_workers, seeding, worker info, epochs."""
 
 import collections
+import collections.abc
 import os
 import pickle
 import random
@@ -465,3 +466,47 @@ def test_workers_keep_large_temporaries_off_fresh_pages():
     assert faults.shape == (24,)
     later = np.concatenate([faults[4:8], faults[12:]])  # past each worker's first batch
     assert np.median(later) < 50, f"page faults per sample: {faults.tolist()}"
+
+
+class Record(collections.abc.MutableMapping):
+    """A mapping whose constructor takes something else first: only a clone rebuilds it."""
+
+    def __init__(self, tag, items=None):
+        self.tag = tag
+        self.items = dict(items or {})
+
+    def __getitem__(self, key):
+        return self.items[key]
+
+    def __setitem__(self, key, value):
+        self.items[key] = value
+
+    def __delitem__(self, key):
+        del self.items[key]
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+class Records(fl.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return Record(f"tag-{i}", {"x": np.full(3, i, dtype=np.int32), "name": f"r{i}"})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_mutable_mapping_sample_is_rebuilt_as_torch_rebuilds_it(torch, num_workers):
+    ours = list(DataLoader(Records(), batch_size=3, num_workers=num_workers))
+    theirs = list(torch.utils.data.DataLoader(Records(), batch_size=3, num_workers=num_workers))
+    for mine, torch_batch in zip(ours, theirs):
+        assert type(mine) is type(torch_batch) is Record
+        assert mine.tag == torch_batch.tag  # the first sample's, cloned
+        assert list(mine) == list(torch_batch) == ["x", "name"]
+        np.testing.assert_array_equal(mine["x"], torch_batch["x"].numpy())
+        assert mine["name"] == torch_batch["name"]
+    assert [b.tag for b in ours] == ["tag-0", "tag-3"]
