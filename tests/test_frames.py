@@ -87,3 +87,30 @@ def test_frames_are_the_framing_of_multiprocessing_connections(pipe):
         assert connection.recv_bytes() == b"to a Connection"
     finally:
         connection.close()
+
+
+def test_holds_finds_a_whole_message_among_those_read_but_not_taken(pipe):
+    read_fd, write_fd = pipe
+    reader = FrameReader(read_fd)
+    assert not reader.holds(b"stop")
+    for message in (b"task-1", b"task-2", b"stop"):
+        send_frame(write_fd, message)
+    reader.fill()
+    assert reader.holds(b"stop") and reader.holds(b"task-2")
+    assert not reader.holds(b"sto") and not reader.holds(b"task")
+    assert reader.pending() == b"task-1"
+    assert reader.holds(b"stop")
+    assert reader.pending() == b"task-2" and reader.pending() == b"stop"
+    assert not reader.holds(b"stop")
+
+
+def test_holds_ignores_a_message_not_read_whole(pipe):
+    read_fd, write_fd = pipe
+    reader = FrameReader(read_fd)
+    frame = (4).to_bytes(4, "big") + b"st"  # "stop", cut short
+    os.write(write_fd, frame)
+    reader.fill()
+    assert not reader.holds(b"stop") and not reader.holds(b"st")
+    os.write(write_fd, b"op")
+    reader.fill()
+    assert reader.holds(b"stop")
