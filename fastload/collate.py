@@ -446,23 +446,12 @@ _PYTHON_NUMBER_DTYPES = ((bool, np.dtype(np.bool_)), (int, np.dtype(np.int64)),
                          (float, np.dtype(np.float32)), (complex, np.dtype(np.complex64)))
 
 
-def _torch_dtype_of(value: Any) -> np.dtype:
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.dtype
-    for python_type, dtype in _PYTHON_NUMBER_DTYPES:
-        if isinstance(value, python_type):
-            return dtype
-    return np.asarray(value).dtype
-
-
 def _as_tensor_dtype(value: Any) -> np.dtype | None:
     """The dtype ``torch.as_tensor(value)`` has (None: not numeric data)."""
     if _is_torch_tensor(value):
         value = value.detach().cpu().numpy()
     if isinstance(value, (np.ndarray, np.generic)):
         dtype = value.dtype
-    elif isinstance(value, (bool, int, float, complex)):
-        return _torch_dtype_of(value)
     elif isinstance(value, (list, tuple)):
         try:
             dtype = np.asarray(value).dtype
@@ -472,8 +461,17 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
         dtype = {np.dtype(np.float64): np.dtype(np.float32),
                  np.dtype(np.complex128): np.dtype(np.complex64)}.get(dtype, dtype)
     else:
+        for python_type, python_dtype in _PYTHON_NUMBER_DTYPES:
+            if isinstance(value, python_type):
+                return python_dtype
         return None
     return dtype if dtype.kind in "biufc" else None
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and value.dtype.kind in "biufc"
+    return isinstance(value, (bool, int, float, np.bool_, np.number))
 
 
 def torch_promote(dtypes: list) -> np.dtype:
@@ -486,7 +484,8 @@ def _scalar_promotion(values: list, kind: int) -> np.dtype:
     """The dtype torch.tensor / torch.as_tensor would give a batch of mixed scalars."""
     if kind == _SCALAR_FLOAT:
         return np.dtype(np.float64)  # torch.tensor(batch, dtype=torch.float64)
-    return torch_promote([_torch_dtype_of(v) for v in values])
+    # Every value is a number here (checked by the caller).
+    return torch_promote([_as_tensor_dtype(v) for v in values])
 
 
 def _overflow(where: str, value: Any) -> ValueError:
@@ -555,9 +554,12 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
         return False
     if code == _core.COPY_OVERFLOW:
         raise _overflow(where, bad)
-    zero_d = isinstance(bad, np.ndarray) and bad.ndim == 0 and bad.dtype.kind in "biufc"
-    if not (zero_d or isinstance(bad, (bool, int, float, np.bool_, np.number))):
-        raise TypeError(f"default_collate: {where} is {type(bad).__name__}, but {first} is "
+    # Promotion makes one tensor of them all, as torch.tensor(batch) does: every
+    # value must be a number (a 0-d array counts), not only the one that differed.
+    wrong = next((i for i, value in enumerate(values) if not _is_number(value)), None)
+    if wrong is not None:
+        raise TypeError(f"default_collate: {format_path(leaf.path, wrong)} is "
+                        f"{type(values[wrong]).__name__}, but {first} is "
                         f"{type(values[0]).__name__}; every sample must have the structure "
                         f"of the first")
     leaf.dtype = _scalar_promotion(values, leaf.kind)

@@ -684,6 +684,16 @@ def test_numbers_and_lists_after_arrays_are_stacked_as_torch(torch, batch):
     np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.parametrize("batch", [[1, 2.5, "x"], [np.int32(1), np.float32(2), "x"], [1, 2.5, [1]]],
+                         ids=["str", "str-after-numpy", "list"])
+def test_a_non_number_after_mixed_numbers_raises_typeerror_naming_it_as_torch(torch, batch):
+    # The first two differ in type (a promotion); the one to blame is the third.
+    with pytest.raises(TypeError):
+        torch_collate(torch, batch)
+    with pytest.raises(TypeError, match=r"batch\[2\] is (str|list)"):
+        default_collate(batch)
+
+
 @pytest.mark.parametrize("bad", [None, "ab", {"a": 1}, [1, "x"]], ids=repr)
 def test_a_non_numeric_value_after_arrays_raises_typeerror_naming_it(bad):
     with pytest.raises(TypeError, match=r"batch\[2\]"):
