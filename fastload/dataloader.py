@@ -30,8 +30,6 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, NoReturn
 
-import numpy as np
-
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
@@ -39,7 +37,7 @@ from fastload.layout_wire import LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
 from fastload.ring import Ring, SharedMemoryError, SpareSlots
 from fastload.rng import SeedSource
-from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, _epoch_source
+from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 __all__ = ["DataLoader"]
 
@@ -324,9 +322,10 @@ def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[An
     receives each batch.  Any other sampler's batches reach the dataset as
     they were yielded, as in torch.
     """
-    if auto_collation and type(index_sampler).__iter__ is BatchSampler.__iter__ \
-            and _epoch_source(getattr(index_sampler, "sampler", None)) is not None:
-        return index_sampler._index_batches(), True
+    if auto_collation and type(index_sampler).__iter__ is BatchSampler.__iter__:
+        epoch = index_sampler._kernel_epoch()
+        if epoch is not None:
+            return index_sampler._slices(epoch), True
     return iter(index_sampler), False
 
 

@@ -12,8 +12,8 @@ user samplers need not implement them:
   ``__iter__`` yields exactly these indices as Python ints.
 * ``_seed_source``: the ``SeedSource`` behind a random sampler, so the loader
   can snapshot it before an epoch and replay that epoch on resume.
-* ``_has_epoch_kernel()`` (optional): False when this epoch cannot be an
-  int64 array (a SubsetRandomSampler of strings), so it is iterated instead.
+  It returns None instead (drawing nothing) when this epoch's indices are
+  not integers (a SubsetRandomSampler of strings): then it is iterated.
 
 Random streams differ from torch's (we do not reproduce torch's Mersenne
 Twister); everything else (lengths, padding, batching, errors) matches.
@@ -198,21 +198,17 @@ class SubsetRandomSampler(_SeededSampler):
             return None
         return array.astype(np.int64, copy=False)
 
-    def _has_epoch_kernel(self) -> bool:
-        return self._index_array() is not None
-
-    def _epoch_indices(self) -> np.ndarray:
+    def _epoch_indices(self) -> np.ndarray | None:
         indices = self._index_array()
         if indices is None:
-            raise TypeError("SubsetRandomSampler's indices are not integers: iterate it instead")
+            return None  # not integers: iterate (see the module notes)
         order = _core.permutation(indices.shape[0], self._seed_source.draw())
         return indices[order]
 
     def __iter__(self) -> Iterator[Any]:
-        indices = self._index_array()
-        if indices is not None:
-            yield from _iter_ints(indices[_core.permutation(indices.shape[0],
-                                                            self._seed_source.draw())])
+        epoch = self._epoch_indices()
+        if epoch is not None:
+            yield from _iter_ints(epoch)
             return
         order = _core.permutation(len(self.indices), self._seed_source.draw())
         for position in order.tolist():
@@ -303,9 +299,6 @@ def _epoch_source(sampler: Any) -> Callable[[], np.ndarray] | None:
     epoch = getattr(sampler, "_epoch_indices", None)
     if epoch is None:
         return None
-    has_kernel = getattr(sampler, "_has_epoch_kernel", None)
-    if has_kernel is not None and not has_kernel():
-        return None  # this epoch's indices are not integers (see SubsetRandomSampler)
     cls = type(sampler)
     for owner in cls.__mro__:
         if "_epoch_indices" in vars(owner):
@@ -349,10 +342,16 @@ class BatchSampler(Sampler[list[int]]):
         for start in range(0, stop, size):
             yield epoch[start:start + size]
 
+    def _kernel_epoch(self) -> np.ndarray | None:
+        """This epoch of the sampler, from its kernel (drawing its seed); None: iterate it."""
+        source = _epoch_source(getattr(self, "sampler", None))
+        epoch = source() if source is not None else None
+        return None if epoch is None else np.ascontiguousarray(epoch, dtype=np.int64)
+
     def __iter__(self) -> Iterator[list[int]]:
-        source = _epoch_source(self.sampler)
-        if source is not None:
-            for batch in self._slices(source()):
+        epoch = self._kernel_epoch()
+        if epoch is not None:
+            for batch in self._slices(epoch):
                 yield batch.tolist()
             return
         sampler_iter = iter(self.sampler)
@@ -369,9 +368,9 @@ class BatchSampler(Sampler[list[int]]):
 
     def _index_batches(self) -> Iterator[np.ndarray]:
         """The batches of ``__iter__`` as int64 arrays (views of one epoch array when possible)."""
-        source = _epoch_source(self.sampler)
-        if source is not None:
-            yield from self._slices(np.ascontiguousarray(source(), dtype=np.int64))
+        epoch = self._kernel_epoch()
+        if epoch is not None:
+            yield from self._slices(epoch)
             return
         sampler_iter = iter(self.sampler)
         while True:
