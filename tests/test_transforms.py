@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -80,6 +81,8 @@ def test_interpolation_accepts_names_and_pillow_codes():
     assert T.Resize(8, interpolation=Image.Resampling.LANCZOS).interpolation is T.InterpolationMode.LANCZOS
     with pytest.raises(TypeError, match="interpolation must be"):
         T.Resize(8, interpolation="sideways")
+    with pytest.raises(KeyError, match="not a Pillow filter code"):  # torchvision: KeyError(7)
+        T.Resize(8, interpolation=7)
 
 
 # -- CenterCrop -----------------------------------------------------------
@@ -289,11 +292,39 @@ def test_normalize_validation_and_repr():
         T.Normalize([0], [1])(x.astype(np.int16))
     with pytest.raises(TypeError, match="put ToArray"):
         T.Normalize([0], [1])(photo())
+    # torchvision's types: ValueError for a 2-D image, TypeError below that,
+    # RuntimeError (torch's broadcasting) for a mean/std of the wrong length.
     with pytest.raises(ValueError, match=r"\(\.\.\., C, H, W\)"):
         T.Normalize([0], [1])(np.zeros((2, 2), np.float32))
-    with pytest.raises(ValueError, match="has 3 channels"):
+    with pytest.raises(TypeError, match=r"\(\.\.\., C, H, W\)"):
+        T.Normalize([0], [1])(np.zeros(4, np.float32))
+    with pytest.raises(RuntimeError, match="has 3 channels"):
         T.Normalize([0, 0], [1, 1])(x)
     assert repr(T.Normalize([0.5], [0.2])) == "Normalize(mean=[0.5], std=[0.2])"
+
+
+def test_sizes_are_taken_as_torchvision_takes_them():
+    img = photo(64, 48)
+    assert T.CenterCrop(np.array([10, 20]))(img).size == (20, 10)  # anything with two items
+    assert T.RandomResizedCrop(np.array([12, 8]))(img).size == (8, 12)
+    for make in (T.CenterCrop, T.RandomResizedCrop):
+        with pytest.raises(TypeError, match="size=None"):  # torchvision: TypeError (len(None))
+            make(None)
+        with pytest.raises(ValueError):
+            make((1, 2, 3))
+
+
+def test_random_resized_crop_with_bad_scale_or_ratio_fails_naming_them():
+    img = photo(64, 48)
+    for scale, ratio in (((1.0, 0.08), (0.75, 1.33)), ((0.08, 1.0), (1.33, 0.75)),
+                         ((0.08, 1.0), (0.0, 1.0)), ((0.08, 1.0), (-1.0, 1.0))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (min, max) order is warned about at construction
+            crop = T.RandomResizedCrop(8, scale=scale, ratio=ratio)
+        with pytest.raises(RuntimeError, match=r"scale=.*ratio="):  # torchvision: RuntimeError
+            crop(img)
+    # torchvision reads the first two values of a longer scale.
+    assert T.RandomResizedCrop(8, scale=(0.5, 1.0, 7.0))(img).size == (8, 8)
 
 
 # -- Compose ----------------------------------------------------------------

@@ -487,6 +487,35 @@ def test_grayscale_and_cmyk_jpegs_draft_to_rgb(tmp_path, draft_spy):
     assert draft_spy == [8, 8]
 
 
+class GrayResize(T.Resize):
+    """Overrides __call__ alone: its plan_region (Resize's) does not describe it."""
+
+    def __call__(self, img):
+        return super().__call__(img).convert("L")
+
+
+class TaggedResize(T.Resize):
+    """Changes nothing that is called: still planned."""
+
+
+class DictCompose(T.Compose):
+    def __call__(self, img):
+        return {"image": super().__call__(img)}
+
+
+def test_a_transform_subclass_that_overrides_call_is_called(big_jpeg_folder, draft_spy):
+    ds = ImageFolder(big_jpeg_folder, transform=GrayResize(50))
+    assert ds[0][0].mode == "L" and ds[0][0].size == (66, 50)
+    ds = ImageFolder(big_jpeg_folder, transform=T.Compose([GrayResize(50), T.ToArray()]))
+    assert ds[0][0].shape == (1, 50, 66)
+    ds = ImageFolder(big_jpeg_folder, transform=DictCompose([T.Resize(50), T.ToArray()]))
+    assert ds[0][0]["image"].shape == (3, 50, 66)
+    assert draft_spy == []  # none of them was planned
+    ds = ImageFolder(big_jpeg_folder, transform=TaggedResize(50))
+    assert ds[0][0].size == (66, 50)
+    assert draft_spy == [8]
+
+
 def test_custom_loader_is_never_planned(big_jpeg_folder, draft_spy):
     ds = ImageFolder(big_jpeg_folder, transform=T.Resize(100), loader=lambda p: pil_loader(p))
     assert ds[0][0].size == (133, 100)
@@ -597,3 +626,14 @@ def test_standard_pipeline_runs_fused_and_gives_the_transforms_own_pixels(tmp_pa
             assert np.array_equal(got, expected), (batch, index)
     assert len(calls) == 6 * len(ds)
     assert draft_spy == []
+
+
+def test_a_missing_file_keeps_errno_and_filename(tmp_path):
+    root = str(tmp_path)
+    path = save_image(f"{root}/a/0.png", size=(8, 8))
+    ds = ImageFolder(root)
+    os.remove(path)  # gone after the scan
+    with pytest.raises(FileNotFoundError) as raised:
+        ds[0]
+    assert raised.value.errno == 2 and raised.value.filename == path  # as torchvision's caller sees
+    assert "sample 0" in str(raised.value) and path in str(raised.value)

@@ -83,15 +83,27 @@ def split_planned_head(transform: Any) -> tuple[RegionPlanner | None, Sequence[C
     """Split ``transform`` into a first step that can plan its region, and the steps after it.
 
     ``(None, ())`` when it cannot plan (then decode fully and apply ``transform``).
+    A subclass that overrides ``__call__`` (of ``Compose`` or of the first
+    step) does something its plan does not know of, so it is called instead.
     """
     if isinstance(transform, Compose):
         steps = transform.transforms
-        if len(steps) > 0 and hasattr(steps[0], "plan_region"):
+        if type(transform).__call__ is Compose.__call__ and len(steps) > 0 \
+                and _plans_its_call(steps[0]):
             return steps[0], steps[1:]
         return None, ()
-    if hasattr(transform, "plan_region"):
+    if _plans_its_call(transform):
         return transform, ()
     return None, ()
+
+
+def _plans_its_call(step: Any) -> bool:
+    """Whether ``step`` has a ``plan_region`` that describes its ``__call__``: both
+    defined by the same class."""
+    if not hasattr(step, "plan_region"):
+        return False
+    call_owner = next((c for c in type(step).__mro__ if "__call__" in vars(c)), None)
+    return call_owner is not None and "plan_region" in vars(call_owner)
 
 
 def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = ()

@@ -187,15 +187,24 @@ def _error_naming_sample(error: BaseException, path: str, index: int) -> BaseExc
     """The same kind of error, with a message that names the sample and its file.
 
     ``type(error)(message)`` keeps ``except OSError`` / ``except
-    PIL.UnidentifiedImageError`` working; for exception types whose
+    PIL.UnidentifiedImageError`` working, and the original's attributes are
+    copied over (an ``OSError`` keeps its ``errno`` and ``filename``, as
+    torchvision's caller would see them); for exception types whose
     constructor does not take one message, the note is attached instead.
     """
     message = f"cannot load sample {index} from {path!r}: {error}"
+    args: tuple = (message,)
+    if isinstance(error, OSError) and error.errno is not None:
+        # OSError(errno, strerror, filename) prints "[Errno n] strerror: 'filename'".
+        strerror = f"cannot load sample {index} from {path!r}: {error.strerror}"
+        args = (error.errno, strerror) + ((error.filename,) if error.filename is not None else ())
+        message = str(OSError(*args))
     try:
-        renamed = type(error)(message)
+        renamed = type(error)(*args)
     except Exception:
         renamed = None
     if renamed is not None and str(renamed) == message:
+        renamed.__dict__.update(getattr(error, "__dict__", {}))
         return renamed
     if hasattr(error, "add_note"):
         error.add_note(message)

@@ -101,20 +101,29 @@ def _interpolation_mode(value: Any) -> InterpolationMode:
             return InterpolationMode(value)
         except ValueError:
             pass
-    elif isinstance(value, numbers.Integral) and int(value) in _MODES_BY_PIL_CODE:
-        return _MODES_BY_PIL_CODE[int(value)]
+    elif isinstance(value, numbers.Integral):
+        if int(value) in _MODES_BY_PIL_CODE:
+            return _MODES_BY_PIL_CODE[int(value)]
+        # torchvision looks Pillow codes up in a dict: KeyError.
+        raise KeyError(f"interpolation {value!r} is not a Pillow filter code "
+                       f"(one of {sorted(_MODES_BY_PIL_CODE)})")
     names = ", ".join(mode.value for mode in InterpolationMode)
     raise TypeError(f"interpolation must be an InterpolationMode (one of {names}) "
                     f"or a Pillow filter code, got {value!r}")
 
 
 def _setup_size(size: Any, error_msg: str) -> Any:
-    """torchvision's size normalisation: a number becomes (n, n), [n] becomes (n, n)."""
+    """torchvision's size normalisation: a number becomes (n, n), [n] becomes (n, n);
+    anything else with two items (a numpy array too) is kept, as torchvision keeps it."""
     if isinstance(size, numbers.Number):
         return int(size), int(size)
     if isinstance(size, Sequence) and len(size) == 1:
         return size[0], size[0]
-    if not isinstance(size, Sequence) or len(size) != 2:
+    try:
+        count = len(size)
+    except TypeError:  # torchvision's error type, with the size named
+        raise TypeError(f"{error_msg} Got size={size!r}") from None
+    if count != 2:
         raise ValueError(error_msg)
     return size
 
@@ -342,6 +351,10 @@ def _sample_crop_box(width: int, height: int, scale: Sequence[float],
     each rounded to whole pixels and kept if it fits; then a random position.
     If none fits, a central crop of the whole image clamped to the ratio range.
     """
+    if not scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
+        # torchvision fails here too (RuntimeError, from its uniform_ draws).
+        raise RuntimeError(f"RandomResizedCrop needs scale=(min, max) and ratio=(min, max) "
+                           f"with 0 < min, got scale={tuple(scale)} ratio={tuple(ratio)}")
     rng = transform_rng()
     area = height * width
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
@@ -389,7 +402,7 @@ class RandomResizedCrop:
             raise TypeError("Scale should be a sequence")
         if not isinstance(ratio, Sequence):
             raise TypeError("Ratio should be a sequence")
-        if len(scale) != 2 or len(ratio) != 2:
+        if len(scale) < 2 or len(ratio) < 2:  # torchvision reads the first two
             raise ValueError(f"scale and ratio must each have two values (min, max), "
                              f"got scale={scale} ratio={ratio}")
         if scale[0] > scale[1] or ratio[0] > ratio[1]:
@@ -501,7 +514,9 @@ class Normalize:
             raise TypeError(f"Normalize takes a numpy array shaped (..., C, H, W), got "
                             f"{type(array).__name__}; put ToArray() before Normalize()")
         if array.ndim < 3:
-            raise ValueError(f"Expected an image array of shape (..., C, H, W), got shape {array.shape}")
+            # torchvision's types: TypeError below 2 dimensions (not an image at all).
+            error = TypeError if array.ndim < 2 else ValueError
+            raise error(f"Expected an image array of shape (..., C, H, W), got shape {array.shape}")
         from_uint8 = array.dtype == np.uint8
         if not from_uint8 and not np.issubdtype(array.dtype, np.floating):
             raise TypeError(f"Normalize takes a float or uint8 array, got dtype {array.dtype}")
@@ -513,7 +528,8 @@ class Normalize:
                              f"leading to division by zero.")
         channels = array.shape[-3]
         if mean.shape[0] not in (1, channels) or std.shape[0] not in (1, channels):
-            raise ValueError(f"mean ({mean.shape[0]} values) and std ({std.shape[0]} values) must "
+            # RuntimeError: what torch's broadcasting raises in torchvision's Normalize.
+            raise RuntimeError(f"mean ({mean.shape[0]} values) and std ({std.shape[0]} values) must "
                              f"have 1 value or one per channel; the array has {channels} channels")
         if from_uint8:
             # One pass from uint8 to float32: x/255 folded into the scale.
