@@ -637,3 +637,18 @@ def test_a_missing_file_keeps_errno_and_filename(tmp_path):
         ds[0]
     assert raised.value.errno == 2 and raised.value.filename == path  # as torchvision's caller sees
     assert "sample 0" in str(raised.value) and path in str(raised.value)
+
+
+def test_assigned_targets_keep_what_they_hold(tmp_path):
+    root = str(tmp_path)
+    save_image(f"{root}/a/0.png", size=(8, 8))
+    save_image(f"{root}/b/1.png", size=(8, 8))
+    ds = ImageFolder(root)
+    ds.targets = [1, 0]
+    assert list(ds.targets) == [1, 0] and all(type(t) is int for t in ds.targets)
+    # torchvision keeps any targets as given: never truncated, never refused.
+    for targets in ([0.7, 1], ["cat", "dog"], [2**70, 1], [[0, 1], [1, 0]], [True, False]):
+        ds.targets = targets
+        assert list(ds.targets) == targets
+        assert [type(t) for t in ds.targets] == [type(t) for t in targets]
+    assert [target for _, target in (ds[0], ds[1])] == [0, 1]  # __getitem__ reads samples

@@ -290,13 +290,23 @@ class DatasetFolder(Dataset):
         self._targets = TargetList(pairs.targets_array)
 
     @property
-    def targets(self) -> TargetList:
+    def targets(self) -> Sequence[Any]:
         return self._targets
 
     @targets.setter
-    def targets(self, values: Sequence[int]) -> None:
-        # As in torchvision, targets is a separate attribute: __getitem__ reads samples.
-        self._targets = TargetList(np.array(values, dtype=np.int64))
+    def targets(self, values: Sequence[Any]) -> None:
+        # As in torchvision, targets is a separate attribute: __getitem__ reads
+        # samples.  Integer targets are kept compact; any others (floats,
+        # strings, lists) as the list torchvision would keep, never truncated.
+        try:
+            array = np.asarray(values)
+        except (TypeError, ValueError, OverflowError):
+            array = None
+        if array is not None and array.ndim == 1 and (array.dtype.kind in "iu" or array.size == 0) \
+                and (array.dtype.kind != "u" or array.size == 0 or array.max() <= np.iinfo(np.int64).max):
+            self._targets = TargetList(array.astype(np.int64))
+        else:
+            self._targets = list(values)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         """``(transform(loader(path)), target_transform(target))`` of sample ``index``."""
