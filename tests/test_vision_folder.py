@@ -323,9 +323,31 @@ def test_getitem_applies_loader_and_transforms(tmp_path):
 
 def test_repr_names_root_and_transform(tmp_path):
     _tree(str(tmp_path), ["a/1.jpg"])
-    text = repr(ImageFolder(str(tmp_path), transform=T.Compose([T.CenterCrop(4), T.ToArray()])))
-    assert text.startswith("Dataset ImageFolder\n    Number of datapoints: 1\n")
-    assert f"Root location: {tmp_path}" in text and "CenterCrop(size=(4, 4))" in text
+    ds = ImageFolder(str(tmp_path), transform=T.Compose([T.CenterCrop(4), T.ToArray()]),
+                     target_transform=T.Normalize([0], [1]))
+    # torchvision's text, down to its indentation (read off torchvision 0.29).
+    assert repr(ds) == (
+        "Dataset ImageFolder\n"
+        "    Number of datapoints: 1\n"
+        f"    Root location: {tmp_path}\n"
+        "    StandardTransform\n"
+        "Transform: Compose(\n"
+        "               CenterCrop(size=(4, 4))\n"
+        "               ToArray()\n"
+        "           )\n"
+        "Target transform: Normalize(mean=[0], std=[1])")
+    assert repr(ImageFolder(str(tmp_path))) == (
+        f"Dataset ImageFolder\n    Number of datapoints: 1\n    Root location: {tmp_path}")
+
+
+def test_transforms_pairs_the_two_transforms_as_torchvision(tmp_path):
+    _tree(str(tmp_path), ["a/1.jpg"])
+    assert ImageFolder(str(tmp_path)).transforms is None
+    ds = ImageFolder(str(tmp_path), target_transform=lambda t: t + 10)
+    image, target = ds.transforms("image", 2)
+    assert (image, target) == ("image", 12)
+    ds = ImageFolder(str(tmp_path), transform=str.upper)
+    assert ds.transforms("image", 2) == ("IMAGE", 2)
 
 
 # -- bad files ------------------------------------------------------------

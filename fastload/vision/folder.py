@@ -38,6 +38,7 @@ __all__ = [
     "ImageFolder",
     "default_loader",
     "pil_loader",
+    "StandardTransform",
 ]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -245,6 +246,9 @@ class DatasetFolder(Dataset):
         self.root = root
         self.transform = transform
         self.target_transform = target_transform
+        # torchvision's combined form, set once here as torchvision sets it.
+        self.transforms = StandardTransform(transform, target_transform) \
+            if transform is not None or target_transform is not None else None
         classes, class_to_idx = self.find_classes(self.root)
         if type(self).make_dataset is DatasetFolder.make_dataset:
             # Stream the scan straight into the table: no list of a million tuples.
@@ -341,16 +345,36 @@ class DatasetFolder(Dataset):
     def __repr__(self) -> str:
         body = [f"Number of datapoints: {len(self)}", f"Root location: {self.root}"]
         body += self.extra_repr().splitlines()
-        if self.transform is not None:
-            body += _indented_repr("Transform: ", self.transform)
-        if self.target_transform is not None:
-            body += _indented_repr("Target transform: ", self.target_transform)
+        if getattr(self, "transforms", None) is not None:
+            # One entry, as torchvision has it: only its first line is indented.
+            body.append(repr(self.transforms))
         return "\n".join([f"Dataset {self.__class__.__name__}"] + ["    " + line for line in body])
 
 
-def _indented_repr(head: str, obj: Any) -> list[str]:
-    lines = repr(obj).splitlines()
-    return [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
+class StandardTransform:
+    """torchvision's pairing of a sample transform and a target transform:
+    ``(input, target) -> (transform(input), target_transform(target))``."""
+
+    def __init__(self, transform: Callable | None = None,
+                 target_transform: Callable | None = None) -> None:
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __call__(self, input: Any, target: Any) -> tuple[Any, Any]:
+        if self.transform is not None:
+            input = self.transform(input)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return input, target
+
+    def __repr__(self) -> str:
+        body = [self.__class__.__name__]
+        for head, transform in (("Transform: ", self.transform),
+                                ("Target transform: ", self.target_transform)):
+            if transform is not None:
+                lines = repr(transform).splitlines()
+                body += [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
+        return "\n".join(body)
 
 
 class ImageFolder(DatasetFolder):
