@@ -330,6 +330,26 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     writer = SlotWriter(inherited_slots)
     layouts = LayoutSender()
     tasks = FrameReader(task_fd)
+    read_at = 0.0  # when the task pipe was last read
+
+    def told_to_stop() -> bool:
+        """Whether a stop message waits behind the task about to be made.
+
+        A task read a while ago (ahead of a slow batch) may have a stop sent
+        since behind it, so the pipe is read again first (without waiting).
+        After quick batches it is not: a stop then costs at most
+        ``prefetch_factor`` of them, and the steady state makes no system call.
+        """
+        nonlocal read_at
+        if time.monotonic() - read_at > _STOP_CHECK_AGE \
+                and any(fd == task_fd for fd, _ in tasks_ready.poll(0)):
+            try:
+                tasks.fill()
+            except (EOFError, OSError):
+                return True  # the main process closed our pipe: nobody will read the batch
+            read_at = time.monotonic()
+        return tasks.has_leftover and tasks.holds(STOP_MESSAGE)
+
     while True:
         try:
             data = tasks.pending()  # tasks sent together arrive in one read
@@ -337,13 +357,14 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 if not wait_for_task():
                     break  # the main process is gone: nobody will read our batches
                 tasks.fill()
+                read_at = time.monotonic()
                 data = tasks.pending()
                 if data is None:
                     continue  # part of a long task: the rest is on its way
             message = _decode_task(data)
         except (EOFError, OSError):
             break  # the main process closed our task pipe without a word: it died
-        if message is None or _told_to_stop(tasks, tasks_ready):
+        if message is None or told_to_stop():
             result_conn.close()
             return False
         kind = message[0]
@@ -385,24 +406,8 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
 
 # The stop message, as the main process sends it.
 STOP_MESSAGE = pickle.dumps(None)
-
-
-def _told_to_stop(tasks: FrameReader, tasks_ready: Any) -> bool:
-    """Whether a stop message waits behind the task about to be made.
-
-    Checked only when tasks were read ahead (the buffer holds more), which is
-    when a stop could be queued behind them: the pipe is read once more
-    (without waiting) so a stop sent meanwhile is seen.  In the steady state a
-    worker reads one task at a time and this costs nothing.
-    """
-    if not tasks.has_leftover:
-        return False
-    if any(fd == tasks.fd for fd, _ in tasks_ready.poll(0)):
-        try:
-            tasks.fill()
-        except (EOFError, OSError):
-            return True  # the main process closed our pipe: nobody will read the batch
-    return tasks.holds(STOP_MESSAGE)
+# Tasks read longer ago than this (seconds) are checked for a stop sent since.
+_STOP_CHECK_AGE = 0.002
 
 
 def _send(conn: Any, reply: tuple, where: str = "") -> bool:

@@ -56,11 +56,13 @@ class SlowDataset(SquareDataset):
 
 class CallLoggingDataset(SlowDataset):
     """``SlowDataset`` that appends each index it starts on to the file ``log``
-    (one write per line, so the lines of several workers do not mix)."""
+    (one write per line, so the lines of several workers do not mix); the
+    indices in ``quick`` take no time."""
 
-    def __init__(self, log: str, n: int = 64, delay: float = 0.2) -> None:
+    def __init__(self, log: str, n: int = 64, delay: float = 0.2, quick: tuple = ()) -> None:
         super().__init__(n, delay)
         self.log = log
+        self.quick = quick
 
     def __getitem__(self, i):
         fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -68,6 +70,8 @@ class CallLoggingDataset(SlowDataset):
             os.write(fd, f"{i}\n".encode())
         finally:
             os.close(fd)
+        if i in self.quick:
+            return SquareDataset.__getitem__(self, i)
         return super().__getitem__(i)
 
 
