@@ -40,6 +40,7 @@ __all__ = [
     "Subset",
     "random_split",
     "SizeMismatchError",
+    "int64_indices",
 ]
 
 _T = TypeVar("_T")
@@ -360,6 +361,24 @@ class ChainDataset(IterableDataset):
 
     def __len__(self) -> int:
         return sum(len(dataset) for dataset in self._checked())
+
+
+def int64_indices(indices: Any) -> np.ndarray | None:
+    """``indices`` as a 1-D int64 array when they are all integers that fit in
+    int64 (a range without building it), else None: the caller then keeps them
+    as given (strings, tuples, bools, ... are legal indices and targets)."""
+    if isinstance(indices, range):
+        return np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+    try:
+        array = np.asarray(indices)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if array.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu" or (
+            array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max):
+        return None
+    return array.astype(np.int64, copy=False)
 
 
 class Subset(Dataset[_T_co]):

@@ -23,26 +23,12 @@ import numpy as np
 from fastload import _core
 from fastload.collate import (BatchLayout, ArraySlot, SequenceNode, collate_into, default_collate,
                               pack_into, private_buffer)
-from fastload.dataset import ArrayDataset, Subset
+from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload.rng import seed_transform_rng
 
 __all__ = ["BatchSource", "array_rows"]
 
 _STRING_OR_OBJECT_KINDS = "SaUO"
-
-
-def _integer_rows(indices: Any) -> np.ndarray | None:
-    """A Subset's indices as a 1-D integer array (a list is read once, here), or None."""
-    if not isinstance(indices, np.ndarray):
-        try:
-            indices = np.asarray(indices)
-        except (TypeError, ValueError):
-            return None
-        if indices.size == 0:
-            indices = indices.astype(np.int64)
-    if indices.ndim != 1 or indices.dtype.kind not in "iu":
-        return None
-    return indices
 
 
 def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
@@ -55,7 +41,7 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     """
     row_map = None
     while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__:
-        indices = _integer_rows(dataset.indices)
+        indices = int64_indices(dataset.indices)  # a list is read once, here
         if indices is None:
             return None
         row_map = indices if row_map is None else indices[row_map]

@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from fastload import _core
+from fastload.dataset import int64_indices
 from fastload.rng import SeedSource
 
 __all__ = [
@@ -182,24 +183,8 @@ class SubsetRandomSampler(_SeededSampler):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def _index_array(self) -> np.ndarray | None:
-        """``indices`` as int64, or None when they are not all integers that fit."""
-        if isinstance(self.indices, range):
-            r = self.indices
-            return np.arange(r.start, r.stop, r.step, dtype=np.int64)
-        try:
-            array = np.asarray(self.indices)
-        except (TypeError, ValueError):
-            return None
-        if array.size == 0:
-            return np.empty(0, dtype=np.int64)
-        if array.ndim != 1 or array.dtype.kind not in "iu" or (
-                array.dtype.kind == "u" and array.max() > np.iinfo(np.int64).max):
-            return None
-        return array.astype(np.int64, copy=False)
-
     def _epoch_indices(self) -> np.ndarray | None:
-        indices = self._index_array()
+        indices = int64_indices(self.indices)
         if indices is None:
             return None  # not integers: iterate (see the module notes)
         order = _core.permutation(indices.shape[0], self._seed_source.draw())

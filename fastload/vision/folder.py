@@ -22,9 +22,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
-from ..dataset import Dataset
+from ..dataset import Dataset, int64_indices
 from .decode import decode_planned, default_loader, pil_loader, split_planned_head
 from .sample_table import SampleTable, SampleTableBuilder, TargetList
 
@@ -302,15 +300,9 @@ class DatasetFolder(Dataset):
         # As in torchvision, targets is a separate attribute: __getitem__ reads
         # samples.  Integer targets are kept compact; any others (floats,
         # strings, lists) as the list torchvision would keep, never truncated.
-        try:
-            array = np.asarray(values)
-        except (TypeError, ValueError, OverflowError):
-            array = None
-        if array is not None and array.ndim == 1 and (array.dtype.kind in "iu" or array.size == 0) \
-                and (array.dtype.kind != "u" or array.size == 0 or array.max() <= np.iinfo(np.int64).max):
-            self._targets = TargetList(array.astype(np.int64))
-        else:
-            self._targets = list(values)
+        array = int64_indices(values)
+        # A copy: the caller's array stays theirs to change.
+        self._targets = TargetList(array.copy()) if array is not None else list(values)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         """``(transform(loader(path)), target_transform(target))`` of sample ``index``."""
