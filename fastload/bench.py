@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import os
 import shutil
 import statistics
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .progress import progress_bar
 from .vision.folder import ImageFolder
 from .vision.synthetic import write_image_folder
 from .vision import transforms as T
@@ -92,7 +94,7 @@ def synthetic_image_folder(images: int = 2000, size: tuple[int, int] = (500, 375
     try:
         # Spread images over classes as evenly as possible, extras to the first classes.
         counts = [images // classes + (1 if k < images % classes else 0) for k in range(classes)]
-        bar = _progress_bar(images, f"generating {images} synthetic {width}x{height} JPEGs", progress)
+        bar = progress_bar(images, f"generating {images} synthetic {width}x{height} JPEGs", progress)
         write_image_folder(building, counts, (width, height), seed=seed, quality=quality,
                            workers=workers or os.cpu_count() or 1,
                            on_progress=bar.update if bar is not None else None)
@@ -142,15 +144,6 @@ def _mean_file_bytes(dataset: ImageFolder, indices: np.ndarray | None) -> float:
     return float(np.mean([os.path.getsize(dataset.samples.path(int(i))) for i in probe]))
 
 
-def _progress_bar(total: int, description: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=description, unit="img", file=sys.stderr, dynamic_ncols=True,
-                leave=False)
-
-
 def _result(framework: str, workers: int, batch_size: int, images: int, seconds: float,
             first_batch_s: float | None, mean_file_bytes: float) -> dict:
     rate = images / seconds if seconds > 0 else float("inf")
@@ -173,7 +166,7 @@ def _run_epochs(loader: Any, epochs: int, description: str,
 
     Batches are ``(images, targets)``; only their length is looked at.
     """
-    bar = _progress_bar(epochs * len(loader.dataset), description, progress)
+    bar = progress_bar(epochs * len(loader.dataset), description, progress)
     images, seconds, first_batch = 0, 0.0, None
     for _ in range(epochs):
         start = time.perf_counter()
@@ -202,7 +195,7 @@ def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | Non
     dataset = _image_folder(root, standard_transform())
     indices = _sample_indices(len(dataset), max_images)
     order = np.random.default_rng(seed).permutation(len(dataset) if indices is None else indices)
-    bar = _progress_bar(len(order), "pipeline, no loader", progress)
+    bar = progress_bar(len(order), "pipeline, no loader", progress)
     seed_transform_rng(seed, 0)
     start = time.perf_counter()
     for index in order:
@@ -438,6 +431,24 @@ def _check_options(options: Any) -> None:
         raise SystemExit(f"fastload bench: --max-images must be at least 1, got {options.max_images}")
     if options.root is not None and not os.path.isdir(options.root):
         raise SystemExit(f"fastload bench: ROOT {options.root!r} is not a directory")
+    if options.root is None and options.images < options.classes:
+        raise SystemExit(f"fastload bench: --images ({options.images}) must be at least --classes "
+                         f"({options.classes}): the synthetic folder needs an image in every class")
+    # What would fail after minutes of measuring fails now instead.
+    if options.compare and importlib.util.find_spec(options.compare) is None:
+        raise SystemExit(f"fastload bench: --compare {options.compare} needs {options.compare}, "
+                         f"which is not installed: pip install 'fastload[bench]'")
+    if options.plot is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise SystemExit("fastload bench: --plot needs matplotlib, which is not installed: "
+                             "pip install 'fastload[bench]'")
+        directory = os.path.dirname(os.path.abspath(options.plot))
+        if not os.path.isdir(directory):
+            raise SystemExit(f"fastload bench: --plot {options.plot!r}: directory {directory!r} "
+                             f"does not exist")
+        if not os.access(directory, os.W_OK):
+            raise SystemExit(f"fastload bench: --plot {options.plot!r}: directory {directory!r} "
+                             f"is not writable")
 
 
 def _line(label: str, result: dict, limit: float | None = None) -> str:
@@ -451,8 +462,26 @@ def _line(label: str, result: dict, limit: float | None = None) -> str:
 
 
 def run(options: Any) -> int:
-    """Run the benchmark described by parsed ``options``; prints a report, returns an exit code."""
+    """Run the benchmark described by parsed ``options``; prints a report, returns an exit code.
+
+    Problems with the folder or its files (none found, unreadable, not an
+    image) end the command with their message, which names the path, and exit
+    code 1; Ctrl-C ends it with code 130.  A traceback through the benchmark's
+    own code would only bury the message.  Other errors keep their traceback:
+    they are bugs to report.
+    """
     _check_options(options)
+    try:
+        return _measure_and_report(options)
+    except KeyboardInterrupt:
+        print("\nfastload bench: interrupted", file=sys.stderr)
+        return 130
+    except OSError as error:
+        print(f"fastload bench: {error}", file=sys.stderr)
+        return 1
+
+
+def _measure_and_report(options: Any) -> int:
     progress = not options.no_progress
     if options.root is None:
         root = synthetic_image_folder(options.images, options.size, options.classes,

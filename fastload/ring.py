@@ -15,12 +15,16 @@ NOTE [ Leases ]
 The main process hands out numpy views of a slot.  Their base is a
 ``SlotLease`` (numpy keeps a reference to any object exposing
 ``__array_interface__``), so the slot stays out of circulation for exactly as
-long as the caller holds any view; when the last one dies, the lease returns
-the slot.  A caller that holds every batch of an epoch makes the ring grow: it
-holds at most ``in_flight`` slots that workers may write, plus one per batch
-the caller still holds -- the same memory those batches need anyway.  Free
-slots beyond ``in_flight`` + 2 are unlinked as they come back, so memory
-follows what is held.
+long as the caller holds any view; when the last one dies, the slot comes
+back.  The ring learns of that death from a weak reference whose callback is
+a deque's ``append``, not from a ``__del__``: no Python code runs where the
+caller drops a batch, so a Ctrl-C cannot land inside such code, where CPython
+would drop the KeyboardInterrupt (see NOTE [ Ctrl-C held over fork and
+teardown ] in pool.py).  A caller that holds every batch of an epoch makes
+the ring grow: it holds at most ``in_flight`` slots that workers may write,
+plus one per batch the caller still holds -- the same memory those batches
+need anyway.  Free slots beyond ``in_flight`` + 2 are unlinked as they come
+back, so memory follows what is held.
 
 NOTE [ Slots that outlive an epoch ]
 Without persistent workers every epoch starts new workers, and a ring of its
@@ -51,7 +55,7 @@ import os
 import secrets
 import shutil
 import weakref
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -228,18 +232,12 @@ class SlotLease:
     when the last one is gone the slot goes back to the ring.
     """
 
-    __slots__ = ("__array_interface__", "slot_id", "_segment", "_release", "__weakref__")
+    __slots__ = ("__array_interface__", "slot_id", "_segment", "__weakref__")
 
-    def __init__(self, segment: "Segment", slot_id: int, release: Callable[[int], None]) -> None:
+    def __init__(self, segment: "Segment", slot_id: int) -> None:
         self.slot_id = slot_id
         self._segment = segment  # keeps the mapping alive
-        self._release = release
         self.__array_interface__ = segment.interface
-
-    def __del__(self) -> None:
-        release, self._release = self._release, None
-        if release is not None:
-            release(self.slot_id)
 
     def __repr__(self) -> str:
         return f"<SlotLease slot={self.slot_id} bytes={self._segment.size}>"
@@ -278,16 +276,14 @@ class Ring:
             self._slots[slot_id] = slot
             self._free.append(slot_id)
             self.inherited[slot_id] = segment
-        # Filled from SlotLease.__del__, which may run anywhere (GC, another
-        # thread): a deque append is atomic, the rest waits for collect().
+        # Slots given back by ``release``.
         self._returned: collections.deque[int] = collections.deque()
+        # The caller's leases, by a weak reference whose callback puts it in
+        # ``_dead_leases`` (NOTE [ Leases ]); that may happen anywhere (GC,
+        # another thread): a deque append is atomic, the rest waits for collect().
+        self._lease_slots: dict[weakref.ref, int] = {}
+        self._dead_leases: collections.deque[weakref.ref] = collections.deque()
         self._retired: list[tuple[int, str]] = []
-        # After ``hand_over``: slots the caller still held, which go to
-        # ``_spares`` when their lease dies.
-        # (A weak reference: a batch kept after its loader is gone must not
-        # keep the loader's spare slots mapped.)
-        self._spares: weakref.ref[SpareSlots] | None = None
-        self._held_at_hand_over: dict[int, Segment] = {}
         self._next_id = len(self._slots)
         self._space_checked = False
         self.closed = False
@@ -329,18 +325,14 @@ class Ring:
         return slot.info
 
     def release(self, slot_id: int) -> None:
-        """Give a slot back (a lease died, or a task's slot was not used)."""
-        if self._spares is not None:
-            # The epoch has ended and handed its slots over: this batch outlived it.
-            segment = self._held_at_hand_over.pop(slot_id, None)
-            spares = self._spares()
-            if segment is not None and spares is not None:
-                spares.give_back(segment)
-            return
+        """Give back a slot that no lease was made for (a task's slot was not used)."""
         self._returned.append(slot_id)
 
     def collect(self) -> None:
         """Move returned slots to the free list; retire the ones beyond ``in_flight``."""
+        dead, slot_of = self._dead_leases, self._lease_slots
+        while dead:
+            self._returned.append(slot_of.pop(dead.popleft()))
         while self._returned:
             slot_id = self._returned.popleft()
             slot = self._slots.get(slot_id)
@@ -372,12 +364,13 @@ class Ring:
         process) uses them as they are.
         """
         self.collect()
-        free = set(self._free)
         segments = [self._slots[slot_id].segment for slot_id in self._free]
         spares.put([segment for segment in segments if segment is not None])
-        self._held_at_hand_over = {slot_id: slot.segment for slot_id, slot in self._slots.items()
-                                   if slot_id not in free and slot.segment is not None}
-        self._spares = weakref.ref(spares)
+        held = {lease: self._slots[slot_id].segment for lease, slot_id in self._lease_slots.items()
+                if self._slots[slot_id].segment is not None}
+        # Those leases' references land in this deque when they die: it is the spares' now.
+        spares.await_leases(self._dead_leases, held)
+        self._lease_slots, self._dead_leases = {}, collections.deque()
 
     @property
     def slot_count(self) -> int:
@@ -411,7 +404,9 @@ class Ring:
         segment = self._slots[slot_id].segment
         if segment is None:
             return np.empty(0, dtype=np.uint8)
-        return np.asarray(SlotLease(segment, slot_id, self.release))
+        lease = SlotLease(segment, slot_id)
+        self._lease_slots[weakref.ref(lease, self._dead_leases.append)] = slot_id
+        return np.asarray(lease)
 
     # -- teardown ------------------------------------------------------------
 
@@ -446,14 +441,16 @@ class SpareSlots:
     shared with the process that keeps them.
     """
 
-    __slots__ = ("_segments", "_given_back", "_pid", "__weakref__")
+    __slots__ = ("_segments", "_awaited", "_pid", "__weakref__")
 
     def __init__(self) -> None:
         self._pid = os.getpid()
         self._segments: list[Segment] = []
-        # From SlotLease.__del__, which may run anywhere (GC, another thread):
-        # an append is atomic, the rest waits for take().
-        self._given_back: collections.deque[Segment] = collections.deque()
+        # Per handed-over ring: where its leases' weak references land when
+        # they die (NOTE [ Leases ]), and the segment of each lease still
+        # held.  Only this holds those references: when the loader (and so
+        # this) is gone, a batch released later gives its slot to nobody.
+        self._awaited: list[tuple[collections.deque[weakref.ref], dict[weakref.ref, Segment]]] = []
 
     def __reduce__(self):
         # A copied (or pickled) loader starts with none: these are mappings of
@@ -463,14 +460,25 @@ class SpareSlots:
     def put(self, segments: list[Segment]) -> None:
         self._segments.extend(segments)
 
-    def give_back(self, segment: Segment) -> None:
-        """A slot whose batch the caller held past the end of its epoch, now released."""
-        self._given_back.append(segment)
+    def await_leases(self, dead: collections.deque[weakref.ref],
+                     held: dict[weakref.ref, Segment]) -> None:
+        """Slots whose batches the caller holds past the end of their epoch: each
+        is kept here once the weak reference to its lease lands in ``dead``."""
+        if held:
+            self._awaited.append((dead, held))
+
+    def _collect_released(self) -> None:
+        awaited = []
+        for dead, held in self._awaited:
+            while dead:
+                self._segments.append(held.pop(dead.popleft()))
+            if held:
+                awaited.append((dead, held))
+        self._awaited = awaited
 
     def take(self) -> list[Segment]:
+        self._collect_released()
         segments, self._segments = self._segments, []
-        while self._given_back:
-            segments.append(self._given_back.popleft())
         if self._pid != os.getpid():  # inherited by a fork: not ours to write
             self._pid = os.getpid()
             return []
@@ -484,7 +492,8 @@ class SpareSlots:
     @property
     def nbytes(self) -> int:
         """Bytes kept now (what ``take`` would return, before its cap)."""
-        return sum(segment.size for segment in (*self._segments, *self._given_back))
+        self._collect_released()
+        return sum(segment.size for segment in self._segments)
 
 
 class SlotWriter:

@@ -137,3 +137,97 @@ def test_measure_functions_return_rates(tiny_folder):
     assert limit["images"] == 40 and limit["limit_images_per_s"] == pytest.approx(2 * limit["images_per_s"])
     result = bench.measure_fastload(tiny_folder, workers=0, batch_size=16, max_images=20)
     assert result["images"] == 20 and result["images_per_s"] > 0 and result["input_mb_per_s"] > 0
+
+
+def test_bench_names_folder_problems_without_a_traceback(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    no_images = tmp_path / "no_images"
+    (no_images / "cat").mkdir(parents=True)
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "cat").mkdir(parents=True)
+    (corrupt / "cat" / "broken.jpg").write_bytes(b"not a jpeg")
+    for root, expected in ((empty, f"Couldn't find any class folder in {empty}"),
+                           (no_images, "Found no valid file for the classes cat"),
+                           (corrupt, f"cannot load sample 0 from '{corrupt / 'cat' / 'broken.jpg'}'")):
+        done = run_cli("bench", str(root), "--workers", "0", "--no-progress")
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.startswith(f"fastload bench: {expected}"), done.stderr
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--plot", "/nonexistent-dir/scaling.png"), "--plot '/nonexistent-dir/scaling.png': directory "
+                                                 "'/nonexistent-dir' does not exist"),
+    (("--images", "3", "--classes", "5"), "--images (3) must be at least --classes (5)"),
+])
+def test_bench_rejects_options_before_measuring(tiny_folder, args, expected):
+    root = () if "--images" in args else (tiny_folder,)
+    done = run_cli("bench", *root, *args, "--no-progress")
+    assert done.returncode == 1 and expected in done.stderr, done.stderr
+    assert "images/s" not in done.stdout  # nothing was measured first
+
+
+@pytest.mark.parametrize("option, missing", [(("--compare", "torch"), "torch"),
+                                             (("--plot", "scaling.png"), "matplotlib")])
+def test_bench_says_what_to_install_for_an_option(tiny_folder, tmp_path, monkeypatch, option, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # as if not installed: find_spec gives None
+    monkeypatch.chdir(tmp_path)
+    from fastload.__main__ import main
+
+    with pytest.raises(SystemExit, match=rf"{option[0]} .*needs {missing}.*fastload\[bench\]"):
+        main(["bench", tiny_folder, *option, "--no-progress"])
+    assert os.listdir(tmp_path) == []
+
+
+def test_bench_draws_a_plain_progress_line_without_tqdm(tiny_folder, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import of tqdm fails, as when not installed
+    from fastload.__main__ import main
+
+    assert main(["bench", tiny_folder, "--workers", "0", "--batch-size", "8"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"pipeline, no loader: 40/40 img, \d+ img/s", err), err
+    assert re.search(r"fastload, 0 workers: 40/40 img", err), err
+    assert err.endswith("\r")  # each line erased when its run ends, as tqdm's leave=False
+
+
+def test_plain_progress_redraws_in_place_at_most_every_interval():
+    import io
+
+    from fastload.progress import PlainProgress
+
+    stream = io.StringIO()
+    bar = PlainProgress(10, "loading", stream=stream, interval=3600)
+    bar.update(4)
+    assert stream.getvalue() == ""  # within the interval: not redrawn
+    bar.update(6)  # the total: always drawn
+    drawn = stream.getvalue()
+    assert drawn.startswith("\rloading: 10/10 img, ") and drawn.endswith(" img/s")
+    bar.close()
+    assert stream.getvalue() == drawn + "\r" + " " * (len(drawn) - 1) + "\r"
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no_leaks):
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "fastload", "bench", tiny_folder, "--workers", "2",
+                             "--batch-size", "4", "--epochs", "1000", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
+    no_leaks.watch_pid(proc.pid)
+    try:
+        for line in proc.stdout:
+            if line.startswith("limit (x"):  # the loader runs next
+                break
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole process group
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "fastload bench: interrupted"

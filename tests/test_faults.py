@@ -665,6 +665,8 @@ def _running(script: str) -> Iterator[subprocess.Popen]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def _read_marker(proc, marker: str, seconds: float = 30.0) -> str:
@@ -710,6 +712,73 @@ def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path
     assert "leaked shared_memory" not in stderr, stderr  # cleaned by us, not the tracker
     assert _wait_gone(pids, 5.0) == []
     assert _prefix_entries(prefix) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("handler", ["default", "custom"])
+def test_ctrl_c_while_a_worker_is_forked_is_not_lost(tmp_path, no_leaks, handler):
+    # A SIGINT that lands inside os.fork's at-fork hooks used to raise there,
+    # where CPython drops the exception ("Exception ignored in ..."), and the
+    # loop went on.  The hook below raises SIGINT at exactly that point.
+    script = _script(tmp_path, f"""
+        import os, signal
+        import fastload as fl
+
+        received = []
+        if {handler == "custom"!r}:
+            signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+        forks = []
+
+        def interrupt_during_first_fork():
+            forks.append(1)
+            if len(forks) == 1:
+                signal.raise_signal(signal.SIGINT)
+
+        os.register_at_fork(after_in_parent=interrupt_during_first_fork)
+        loader = fl.DataLoader(list(range(8)), batch_size=2, num_workers=2)
+        try:
+            for epoch in range(3):
+                for batch in loader:
+                    pass
+            print("FINISHED", received, len(forks), flush=True)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", len(forks), flush=True)
+        """)
+    with _running(script) as proc:
+        no_leaks.watch_pid(proc.pid)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "Exception ignored" not in stderr, stderr
+    if handler == "default":
+        # Raised once the epoch's two workers had started, before any third fork.
+        assert stdout.split() == ["INTERRUPTED", "2"], stdout
+    else:  # the caller's own handler ran, once, and the epochs went on
+        assert stdout.split() == ["FINISHED", f"[{int(signal.SIGINT)}]", "6"], stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_dropping_an_epoch_and_its_batches_runs_no_python_code(no_leaks, persistent):
+    # Where the caller drops the batches and the finished iterator, Python
+    # code (a __del__, a weakref callback) is where a Ctrl-C can be lost:
+    # CPython drops a KeyboardInterrupt raised there.  The workers' pipes and
+    # processes are let go in shutdown, with Ctrl-C held, and the ring learns
+    # of dropped batches without running Python code.
+    loader = fl.DataLoader([np.full(4, i, np.float32) for i in range(64)], batch_size=16,
+                           num_workers=2, persistent_workers=persistent)
+    for _ in range(2):  # the second epoch starts from slots the first one left
+        it = iter(loader)
+        batches = list(it)
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_qualname)
+                   if event == "call" else None)
+    try:
+        del it, batches
+    finally:
+        sys.setprofile(None)
+    assert calls == []
+    assert [b[:, 0].tolist() for b in loader] == [[16.0 * k + i for i in range(16)] for k in range(4)]
+    del loader
 
 
 @pytest.mark.timeout(60)

@@ -3,6 +3,7 @@ zero-copy batches that stay valid while held."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import gc
 import os
@@ -297,6 +298,25 @@ def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
     assert spares.take() == []  # taken once
 
 
+def test_dropping_a_batch_runs_no_python_code(prefix):
+    # Python code run where the caller drops a batch is where a Ctrl-C can be
+    # lost (CPython drops a KeyboardInterrupt raised in a __del__): the ring
+    # learns of it from a weak reference's C-level callback instead.
+    ring = Ring(in_flight=2, prefix=prefix)
+    slot = _fill(ring, SlotWriter(), 5000, 7)
+    batch = ring.lease(slot)[:10]
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append((event, frame.f_code.co_name)))
+    try:
+        del batch
+    finally:
+        sys.setprofile(None)
+    assert [call for call in calls if call[0] == "call"] == []
+    ring.collect()
+    assert slot in ring._free  # and the slot did come back
+    ring.close()
+
+
 def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
     segments = [Segment(f"{prefix}{i}", 4 * 4096, create=True) for i in range(5)]
     for segment in segments:
@@ -304,8 +324,11 @@ def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
     spares = ringmod.SpareSlots()
     monkeypatch.setattr(ringmod, "SPARE_BYTES", 3 * 4 * 4096)
     spares.put(segments[:3])
-    spares.give_back(segments[3])
-    spares.give_back(segments[4])
+    dead: collections.deque = collections.deque()
+    leases = {i: SlotLease(segments[i], i) for i in (3, 4)}
+    spares.await_leases(dead, {weakref.ref(lease, dead.append): segments[i]
+                               for i, lease in leases.items()})
+    del leases[3], leases[4]  # released in this order: the later one is kept first
     assert [s.name for s in spares.take()] == [segments[i].name for i in (4, 3, 2)]
 
 
@@ -314,13 +337,13 @@ def test_a_batch_kept_after_its_loader_is_gone_does_not_keep_the_spares(prefix):
     writer = SlotWriter()
     spares = ringmod.SpareSlots()
     slots = [_fill(ring, writer, 5000, i) for i in range(2)]
-    held = ring.lease(slots[0])  # keeps the ring alive
+    held = ring.lease(slots[0])  # a batch the caller keeps past its epoch
     ring.release(slots[1])
     gone = weakref.ref(ring._slots[slots[1]].segment.array.base)  # the free slot's mmap
     ring.hand_over(spares)
     ring.close()
     assert gone() is not None and spares.nbytes > 0
-    del spares  # the loader is gone; the ring only has a weak reference to its spares
+    del spares  # the loader is gone, and only it held its spares
     gc.collect()
     assert gone() is None, "the free slot's mapping outlived the loader"
     del held  # and releasing the batch now gives it to nobody, without error

@@ -136,7 +136,7 @@ def test_unicode_and_undecodable_file_names_round_trip(tmp_path):
     raw_dir = os.fsencode(str(root / "ünï"))
     raw_name = raw_dir + b"/bad\xff.jpg"  # not UTF-8: os.walk hands it back surrogate-escaped
     with open(raw_name, "wb") as f:
-        f.write(open(root / "ünï" / "b€.jpg", "rb").read())
+        f.write((root / "ünï" / "b€.jpg").read_bytes())
     ds = ImageFolder(str(root))
     assert [os.fsencode(p) for p, _ in ds.samples] == [raw_name, raw_dir + "/b€.jpg".encode()]
     assert ds[0][0].size == (40, 30)
