@@ -427,13 +427,18 @@ class _SingleProcessIter(_BaseIter):
         return self._deliver(batch)
 
 
-def _release_workers_and_ring(pool: WorkerPool, ring: Ring, tasks: dict) -> None:
+def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, tasks: dict) -> None:
     """Stop the workers, then unlink every segment (also the ones a worker was regrowing).
 
     Run by a ``weakref.finalize``: it holds the pool and the ring, never the
     iterator, so it runs exactly once -- on shutdown(), when the iterator is
-    collected (even inside a reference cycle) or at interpreter exit.
+    collected (even inside a reference cycle) or at interpreter exit.  A
+    process forked by the caller (``os.fork()``) inherits the finalizer and
+    runs it at its own exit; the workers and the segments are still the
+    owner's then, in use, so it leaves them alone.
     """
+    if os.getpid() != owner_pid:
+        return
     try:
         # Idle workers (a finished epoch) are reaped in the background.
         pool.shutdown(wait=bool(tasks))
@@ -470,8 +475,8 @@ class _MultiProcessIter(_BaseIter):
         base_seed = self._begin_epoch(resume)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
-        self._finalizer = weakref.finalize(self, _release_workers_and_ring, self._pool, self._ring,
-                                           self._tasks)
+        self._finalizer = weakref.finalize(self, _release_workers_and_ring, os.getpid(), self._pool,
+                                           self._ring, self._tasks)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)

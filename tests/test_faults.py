@@ -782,6 +782,36 @@ def test_dropping_an_epoch_and_its_batches_runs_no_python_code(no_leaks, persist
 
 
 @pytest.mark.timeout(60)
+def test_a_process_the_caller_forks_leaves_the_loader_alone_at_its_exit(tmp_path, no_leaks):
+    # The child inherits the iterator's finalizer and runs it at exit; the
+    # workers and the segments are the parent's, still in use.
+    script = _script(tmp_path, """
+        import multiprocessing.process, os, sys
+        import numpy as np
+        import fastload as fl
+
+        loader = fl.DataLoader([np.full(4, i, np.float32) for i in range(64)], batch_size=8,
+                               num_workers=2)
+        it = iter(loader)
+        first = next(it)
+        child = os.fork()
+        if child == 0:
+            # multiprocessing's own exit handler would terminate the parent's
+            # workers, inherited as "children" (it does so under torch too).
+            multiprocessing.process._children.clear()
+            sys.exit(0)  # atexit handlers run, the loader's finalizer among them
+        _, status = os.waitpid(child, 0)
+        print("BATCHES", status, [int(b[0, 0]) for b in it], flush=True)
+        """)
+    with _running(script) as proc:
+        no_leaks.watch_pid(proc.pid)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert stdout.split() == ["BATCHES", "0", "[8,", "16,", "24,", "32,", "40,", "48,", "56]"], stderr
+    assert stderr == ""
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
 def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks, method, busy):
