@@ -25,6 +25,7 @@ import collections.abc
 import copy
 import math
 import re
+import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -110,7 +111,7 @@ class ArraySlot:
     def build(self, buffer: np.ndarray) -> Any:
         array = self.view(buffer)
         if self.as_torch:
-            import torch  # only when a custom collate_fn returned tensors
+            import torch  # only when the samples or a custom collate_fn held tensors
 
             return torch.from_numpy(array)
         return array
@@ -392,8 +393,8 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
         return ArraySlot(np.int64, (n,), path, _SCALAR_INT)
     if isinstance(elem, (str, bytes)):
         return Value(None, path, as_tuple=in_sequence)
-    if _is_torch_tensor(elem):
-        return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _ARRAY,
+    if _is_torch_tensor(elem):  # filled through numpy, one sample at a time
+        return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _CAST_ARRAY,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
         return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks)
@@ -418,6 +419,13 @@ def plan_collate(samples: Sequence) -> BatchLayout:
         raise IndexError("default_collate: cannot collate an empty batch (no samples)")
     length_checks: list = []
     layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks), length_checks)
+    if "torch" in sys.modules:  # else no sample can hold a tensor: skip the walk
+        arrays = [leaf for leaf in layout.leaves() if isinstance(leaf, ArraySlot)]
+        if any(leaf.as_torch for leaf in arrays):
+            # Samples that hold torch tensors make torch's batch: every array
+            # a tensor (its numbers too), not tensors beside numpy arrays.
+            for leaf in arrays:
+                leaf.as_torch = True
     layout.assign_offsets()
     return layout
 
@@ -519,7 +527,7 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
 def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     """Fill one array leaf; return False when the leaf had to be promoted (re-plan)."""
     out = leaf.view(buffer)
-    if leaf.kind == _CAST_ARRAY or leaf.as_torch:
+    if leaf.kind == _CAST_ARRAY:
         _fill_cast(samples, leaf, out)
         return True
     try:
@@ -637,7 +645,9 @@ def _plan_packing(obj: Any, sources: list) -> Any:
     if type(obj) in _PLAIN_ARRAY_TYPES and not obj.dtype.hasobject and obj.dtype.kind not in "SaU":
         sources.append(obj)
         return ArraySlot(obj.dtype, obj.shape)
-    if _is_torch_tensor(obj) and obj.device.type == "cpu" and not obj.requires_grad \
+    # A tensor subclass rides as a value, as an ndarray subclass does: its
+    # bytes alone would come back as a plain tensor.
+    if _is_plain_torch_tensor(obj) and obj.device.type == "cpu" and not obj.requires_grad \
             and obj.layout.__class__.__name__ == "layout" and str(obj.layout) == "torch.strided":
         array = obj.numpy()
         sources.append(array)
@@ -709,10 +719,16 @@ def default_convert(data: Any) -> Any:
 
 
 def _is_torch_tensor(obj: Any) -> bool:
-    # Never import torch here: it is only present when the user brought it.
-    cls = type(obj)
-    return cls.__module__.startswith("torch") and hasattr(obj, "numpy") and hasattr(obj, "dtype") \
-        and cls.__name__ in ("Tensor", "Parameter")
+    """A ``torch.Tensor``, subclasses included (``Parameter``, torchvision's tv_tensors)."""
+    # Never import torch here: a tensor exists only if the user loaded torch.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _is_plain_torch_tensor(obj: Any) -> bool:
+    """Exactly a ``torch.Tensor``: a subclass carries more than its bytes."""
+    torch = sys.modules.get("torch")
+    return torch is not None and type(obj) is torch.Tensor
 
 
 def _torch_dtype_to_numpy(tensor: Any) -> np.dtype:

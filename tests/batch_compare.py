@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import sys
 
 import numpy as np
 
 
 def _is_tensor(obj) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def assert_same_as_torch(ours, theirs, path="batch"):
-    """``ours`` (numpy) is ``theirs`` (torch) with arrays in place of tensors."""
+def assert_same_as_torch(ours, theirs, path="batch", tensors=False):
+    """``ours`` (numpy) is ``theirs`` (torch) with arrays in place of tensors;
+    with ``tensors``, ``ours`` has tensors there too, as ``theirs`` has."""
     if _is_tensor(theirs):
         expected = theirs.numpy()
+        if tensors:
+            assert _is_tensor(ours), f"{path}: {type(ours)} is not a tensor"
+            ours = ours.numpy()
         assert isinstance(ours, np.ndarray), f"{path}: {type(ours)} is not an ndarray"
         assert ours.dtype == expected.dtype, f"{path}: dtype {ours.dtype} != torch's {expected.dtype}"
         assert ours.shape == expected.shape, f"{path}: shape {ours.shape} != torch's {expected.shape}"
@@ -27,12 +33,12 @@ def assert_same_as_torch(ours, theirs, path="batch"):
         if isinstance(theirs, collections.defaultdict):
             assert ours.default_factory is theirs.default_factory, path
         for key in theirs:
-            assert_same_as_torch(ours[key], theirs[key], f"{path}[{key!r}]")
+            assert_same_as_torch(ours[key], theirs[key], f"{path}[{key!r}]", tensors)
         return
     if isinstance(theirs, tuple) and hasattr(theirs, "_fields"):
         assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
         for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            assert_same_as_torch(a, b, f"{path}[{i}]")
+            assert_same_as_torch(a, b, f"{path}[{i}]", tensors)
         return
     if isinstance(theirs, (str, bytes)) or not isinstance(theirs, collections.abc.Sequence):
         assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
@@ -43,7 +49,7 @@ def assert_same_as_torch(ours, theirs, path="batch"):
     assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
     assert len(ours) == len(theirs), path
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert_same_as_torch(a, b, f"{path}[{i}]")
+        assert_same_as_torch(a, b, f"{path}[{i}]", tensors)
 
 
 def assert_same(ours, expected, path="batch"):

@@ -523,6 +523,23 @@ def test_numpy_str_scalars_stay_strings():
     assert out == ["x", "y"] and type(out[0]) is np.str_
 
 
+def test_samples_holding_tensors_give_torchs_batch_of_tensors(torch):
+    # A dataset written for torch: its numbers and numpy arrays become tensors
+    # too, as in torch's batch, not numpy arrays beside the tensors.
+    class Boxes(torch.Tensor):  # a subclass, as torchvision's tv_tensors are (ours comes
+        pass                    # back a plain tensor, with the same values)
+
+    samples = [(torch.full((2,), float(i)), i, {"n": np.int32(i), "a": np.ones(3) * i, "s": "x",
+                                                "f": 0.5 * i, "box": torch.ones(4).as_subclass(Boxes)})
+               for i in range(4)]
+    ours = default_collate(samples)
+    assert_same_as_torch(ours, torch.utils.data.default_collate(samples), tensors=True)
+    assert ours[2]["s"] == ["x"] * 4
+    # Numpy samples stay numpy.
+    plain = default_collate([(np.ones(2), i) for i in range(3)])
+    assert all(isinstance(leaf, np.ndarray) for leaf in plain)
+
+
 def test_empty_batch_raises_index_error_as_torch(torch):
     with pytest.raises(IndexError, match="empty batch"):
         default_collate([])

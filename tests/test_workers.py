@@ -14,6 +14,7 @@ import pytest
 
 import fastload as fl
 from fastload import ArrayDataset, DataLoader, get_worker_info
+from batch_compare import assert_same_as_torch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -357,6 +358,73 @@ class ShardedStreamUnsharded(fl.IterableDataset):
 
     def __iter__(self):
         return iter(range(self.n))
+
+
+def test_a_dataset_written_for_torchs_workers_runs_unchanged(torch):
+    # Only the DataLoader import changed: the dataset splits itself with
+    # torch's get_worker_info, in __iter__ or in a worker_init_fn, as in
+    # torch's IterableDataset docs.  Without torch's worker info, each worker
+    # would yield the whole range: every sample twice, silently.
+    class Range(torch.utils.data.IterableDataset):
+        def __init__(self, start, end, shard_in_iter):
+            self.start, self.end, self.shard_in_iter = start, end, shard_in_iter
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            if info is None or not self.shard_in_iter:
+                return iter(range(self.start, self.end))
+            per_worker = -(-(self.end - self.start) // info.num_workers)
+            first = self.start + info.id * per_worker
+            return iter(range(first, min(first + per_worker, self.end)))
+
+    def shard_in_init(worker_id):
+        info = torch.utils.data.get_worker_info()
+        ds, whole = info.dataset, (info.dataset.start, info.dataset.end)
+        per_worker = -(-(whole[1] - whole[0]) // info.num_workers)
+        ds.start = whole[0] + worker_id * per_worker
+        ds.end = min(ds.start + per_worker, whole[1])
+
+    for shard_in_iter, init in ((True, None), (False, shard_in_init)):
+        def values(loader_type):
+            loader = loader_type(Range(3, 17, shard_in_iter), batch_size=None, num_workers=2,
+                                 worker_init_fn=init)
+            return sorted(int(v) for v in loader)
+
+        assert values(DataLoader) == values(torch.utils.data.DataLoader) == list(range(3, 17))
+
+    class TorchState(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            info = torch.utils.data.get_worker_info()
+            return [torch.get_num_threads(), torch.initial_seed() == info.seed, info.id, info.num_workers]
+
+    def report(loader_type):
+        return sorted(tuple(int(x) for x in sample)
+                      for sample in loader_type(TorchState(), batch_size=None, num_workers=2))
+
+    # One torch thread per worker, torch's RNG seeded with the worker's seed.
+    assert report(DataLoader) == report(torch.utils.data.DataLoader) == \
+        [(1, 1, 0, 2), (1, 1, 0, 2), (1, 1, 1, 2), (1, 1, 1, 2)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_of_tensors_gives_torchs_batches(torch, num_workers):
+    # The default output="numpy", but the samples hold tensors: every array
+    # of the batch is a tensor, as torch's DataLoader gives.
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"x": torch.full((2, 3), float(i)), "y": i, "name": f"s{i}"}
+
+    ours = list(DataLoader(Pairs(), batch_size=4, num_workers=num_workers))
+    theirs = list(torch.utils.data.DataLoader(Pairs(), batch_size=4, num_workers=num_workers))
+    assert len(ours) == len(theirs) == 2
+    for mine, torchs in zip(ours, theirs):
+        assert_same_as_torch(mine, torchs, tensors=True)
 
 
 def test_torch_output_from_workers(torch):
