@@ -62,6 +62,7 @@ _SCALAR_FLOAT = _core.SCALAR_FLOAT
 _SCALAR_BOOL = _core.SCALAR_BOOL
 _SCALAR_NUMPY = _core.SCALAR_NUMPY
 _CAST_ARRAY = 10  # arrays of mixed dtypes, promoted (torch.stack promotes too)
+_TENSOR = 11      # torch tensors, stacked as torch.stack does (its promotion rules)
 
 
 def _align(n: int) -> int:
@@ -113,7 +114,11 @@ class ArraySlot:
         if self.as_torch:
             import torch  # only when the samples or a custom collate_fn held tensors
 
-            return torch.from_numpy(array)
+            tensor = torch.from_numpy(array)
+            torch_dtype = self.dtype.metadata and self.dtype.metadata.get("torch_dtype")
+            if torch_dtype:  # see tensor_as_numpy
+                tensor = tensor.view(getattr(torch, torch_dtype.removeprefix("torch.")))
+            return tensor
         return array
 
     def matches(self, other: Any, values: list) -> bool:
@@ -393,8 +398,8 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
         return ArraySlot(np.int64, (n,), path, _SCALAR_INT)
     if isinstance(elem, (str, bytes)):
         return Value(None, path, as_tuple=in_sequence)
-    if _is_torch_tensor(elem):  # filled through numpy, one sample at a time
-        return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _CAST_ARRAY,
+    if _is_torch_tensor(elem):
+        return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _TENSOR,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
         return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks)
@@ -457,7 +462,9 @@ _PYTHON_NUMBER_DTYPES = ((bool, np.dtype(np.bool_)), (int, np.dtype(np.int64)),
 def _as_tensor_dtype(value: Any) -> np.dtype | None:
     """The dtype ``torch.as_tensor(value)`` has (None: not numeric data)."""
     if _is_torch_tensor(value):
-        value = value.detach().cpu().numpy()
+        value = tensor_as_numpy(value)
+        if value.dtype.metadata:  # bfloat16 and the like: not data numpy can promote
+            return None
     if isinstance(value, (np.ndarray, np.generic)):
         dtype = value.dtype
     elif isinstance(value, (list, tuple)):
@@ -507,7 +514,7 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
     row_shape = leaf.shape[1:]
     for i, value in enumerate(values):
         if _is_torch_tensor(value):
-            value = value.detach().cpu().numpy()
+            value = tensor_as_numpy(value)
         try:
             array = np.asarray(value, dtype=leaf.dtype) if not isinstance(value, np.ndarray) \
                 else value
@@ -524,12 +531,44 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
         out[i] = array
 
 
+def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
+    """Stack tensors one sample at a time, promoted as ``torch.stack`` promotes them;
+    False when the dtype changed (lay out again)."""
+    import torch
+
+    values = _core.collect_leaf_objects(list(samples), leaf.path)
+    first = format_path(leaf.path, 0)
+    for i, value in enumerate(values):
+        if not _is_torch_tensor(value):
+            raise TypeError(f"default_collate: {format_path(leaf.path, i)} is "
+                            f"{type(value).__name__}, but {first} is a tensor; every sample "
+                            f"must have the structure of the first")
+    dtype = values[0].dtype
+    for value in values[1:]:
+        if value.dtype != dtype:
+            dtype = torch.promote_types(dtype, value.dtype)
+    promoted = _torch_dtype_to_numpy(torch.empty((), dtype=dtype))
+    if promoted != leaf.dtype or promoted.metadata != leaf.dtype.metadata:
+        leaf.dtype = promoted
+        return False
+    row_shape = leaf.shape[1:]
+    for i, value in enumerate(values):
+        if tuple(value.shape) != row_shape:
+            raise RuntimeError(f"default_collate: {format_path(leaf.path, i)}: shape "
+                               f"{tuple(value.shape)} != {row_shape} of {first}; stacked "
+                               f"tensors must all have the same shape")
+        out[i] = tensor_as_numpy(value.to(dtype))
+    return True
+
+
 def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     """Fill one array leaf; return False when the leaf had to be promoted (re-plan)."""
     out = leaf.view(buffer)
     if leaf.kind == _CAST_ARRAY:
         _fill_cast(samples, leaf, out)
         return True
+    if leaf.kind == _TENSOR:
+        return _fill_tensors(samples, leaf, out)
     try:
         if leaf.kind == _ARRAY:
             index, code = _core.collate_array_leaf(samples, leaf.path, leaf.dtype, leaf.shape[1:], out)
@@ -649,7 +688,7 @@ def _plan_packing(obj: Any, sources: list) -> Any:
     # bytes alone would come back as a plain tensor.
     if _is_plain_torch_tensor(obj) and obj.device.type == "cpu" and not obj.requires_grad \
             and obj.layout.__class__.__name__ == "layout" and str(obj.layout) == "torch.strided":
-        array = obj.numpy()
+        array = tensor_as_numpy(obj)
         sources.append(array)
         return ArraySlot(array.dtype, array.shape, as_torch=True)
     obj_type = type(obj)
@@ -731,10 +770,28 @@ def _is_plain_torch_tensor(obj: Any) -> bool:
     return torch is not None and type(obj) is torch.Tensor
 
 
+def tensor_as_numpy(tensor: Any) -> np.ndarray:
+    """A CPU tensor's data as an ndarray (shared where torch allows).
+
+    A dtype numpy lacks (bfloat16, the float8s, complex32) comes as unsigned
+    ints of its size, its dtype tagged with the torch dtype's name, so that
+    ``ArraySlot.build`` can view the bytes as that dtype again.
+    """
+    tensor = tensor.detach().cpu()
+    try:
+        return tensor.numpy()
+    except TypeError:
+        import torch
+
+        size = tensor.element_size()
+        array = tensor.view(getattr(torch, f"uint{8 * size}")).numpy()
+        return array.view(np.dtype(f"u{size}", metadata={"torch_dtype": str(tensor.dtype)}))
+
+
 def _torch_dtype_to_numpy(tensor: Any) -> np.dtype:
     import torch
 
-    return torch.empty((), dtype=tensor.dtype).numpy().dtype
+    return tensor_as_numpy(torch.empty((), dtype=tensor.dtype)).dtype
 
 
 def to_torch(batch: Any) -> Any:

@@ -540,6 +540,23 @@ def test_samples_holding_tensors_give_torchs_batch_of_tensors(torch):
     assert all(isinstance(leaf, np.ndarray) for leaf in plain)
 
 
+@pytest.mark.parametrize("dtypes", [("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
+                                    ("float32", "float64"), ("int64", "float32"),
+                                    ("bfloat16", "float32"), ("float32", "bfloat16"),
+                                    ("bfloat16", "float16")])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_tensors_of_any_dtype_stack_and_promote_as_torchs_do(torch, dtypes, num_workers):
+    # bfloat16 and the float8s have no numpy dtype: their bytes travel as
+    # unsigned ints and come back as the torch dtype.  Mixed dtypes promote
+    # with torch's rules (an int64 sample beside a float32 one is not truncated).
+    samples = [(torch.tensor([1.5, -2.0, 2.5]) * (i + 1)).to(getattr(torch, dtypes[i % 2]))
+               for i in range(4)]
+    ours = list(fastload.DataLoader(samples, batch_size=4, num_workers=num_workers))[0]
+    theirs = torch.utils.data.default_collate(samples)
+    assert isinstance(ours, torch.Tensor) and ours.dtype == theirs.dtype
+    assert torch.equal(ours, theirs)
+
+
 def test_empty_batch_raises_index_error_as_torch(torch):
     with pytest.raises(IndexError, match="empty batch"):
         default_collate([])
