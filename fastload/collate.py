@@ -399,7 +399,7 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
     if isinstance(elem, (str, bytes)):
         return Value(None, path, as_tuple=in_sequence)
     if _is_torch_tensor(elem):
-        return ArraySlot(_torch_dtype_to_numpy(elem), (n,) + tuple(elem.shape), path, _TENSOR,
+        return ArraySlot(_numpy_dtype_of(elem.dtype), (n,) + tuple(elem.shape), path, _TENSOR,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
         return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks)
@@ -547,7 +547,7 @@ def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
     for value in values[1:]:
         if value.dtype != dtype:
             dtype = torch.promote_types(dtype, value.dtype)
-    promoted = _torch_dtype_to_numpy(torch.empty((), dtype=dtype))
+    promoted = _numpy_dtype_of(dtype)
     if promoted != leaf.dtype or promoted.metadata != leaf.dtype.metadata:
         leaf.dtype = promoted
         return False
@@ -788,10 +788,11 @@ def tensor_as_numpy(tensor: Any) -> np.ndarray:
         return array.view(np.dtype(f"u{size}", metadata={"torch_dtype": str(tensor.dtype)}))
 
 
-def _torch_dtype_to_numpy(tensor: Any) -> np.dtype:
+def _numpy_dtype_of(torch_dtype: Any) -> np.dtype:
+    """The dtype of ``tensor_as_numpy`` for tensors of ``torch_dtype``."""
     import torch
 
-    return tensor_as_numpy(torch.empty((), dtype=tensor.dtype)).dtype
+    return tensor_as_numpy(torch.empty((), dtype=torch_dtype)).dtype
 
 
 def to_torch(batch: Any) -> Any:
