@@ -35,6 +35,8 @@ from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
 from fastload.layout_wire import LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, pickle_for_workers
+from fastload.resume import EpochProgress, TorchGeneratorState, check_state, make_state, \
+    sampler_chain, torch_generator_of, warn_if_order_unknown
 from fastload.ring import Ring, SharedMemoryError, SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -44,7 +46,6 @@ __all__ = ["DataLoader"]
 _OUTPUTS = ("numpy", "torch")
 _GUARDED_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
                        "persistent_workers")
-_STATE_VERSION = 1
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -173,6 +174,10 @@ class DataLoader:
         self._iterator: _BaseIter | None = None  # persistent workers' iterator
         self._last_iterator: weakref.ref | None = None
         self._pending_state: dict | None = None
+        # The last epoch's progress, kept past its iterator: a state_dict taken
+        # after a `break`, an exception or Ctrl-C still says where it stopped.
+        self._progress: EpochProgress | None = None
+        self._warned_unknown_order = False
         # Ring slots one epoch of new workers leaves for the next (fork only):
         # NOTE [ Slots that outlive an epoch ] in ring.py.
         self._spare_slots = SpareSlots()
@@ -253,12 +258,14 @@ class DataLoader:
                 self._iterator = _MultiProcessIter(self, resume)
             else:
                 self._iterator.reset(self, resume)
+            self._progress = self._iterator.progress
             return self._iterator
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
         # Only a weak reference: dropping the iterator (a `break`) must stop
         # its workers at once, as torch's does.
         self._last_iterator = weakref.ref(iterator)
+        self._progress = iterator.progress
         return iterator
 
     def __getstate__(self) -> dict:
@@ -274,43 +281,48 @@ class DataLoader:
             return self._iterator
         return self._last_iterator() if self._last_iterator is not None else None
 
-    def _rng_sources(self) -> list[SeedSource]:
-        """Every seed stream an epoch draws from, to snapshot and restore them."""
-        sources = [self._seed_source]
-        for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+    def _rng_sources(self) -> list:
+        """Every seed stream an epoch draws from, to snapshot and restore them: ours,
+        and the torch.Generator a torch sampler was given."""
+        sources: list = [self._seed_source]
+        seen = [self._seed_source]
+        for sampler in [self.sampler, *sampler_chain(self)]:
             source = getattr(sampler, "_seed_source", None)
-            if isinstance(source, SeedSource) and all(source is not s for s in sources):
+            if isinstance(source, SeedSource) and all(source is not s for s in seen):
                 sources.append(source)
+                seen.append(source)
+            generator = torch_generator_of(sampler)
+            if generator is not None and all(generator is not s for s in seen):
+                sources.append(TorchGeneratorState(generator))
+                seen.append(generator)
         return sources
 
     # -- resumption ----------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Where this loader is: resuming from it gives the next unseen batch, same order."""
+        """Where this loader is: resuming from it gives the next unseen batch, same order.
+
+        Mid-epoch, also after the loop was left (``break``, an exception,
+        Ctrl-C); between epochs, the start of the next one.  A state loaded and
+        not yet resumed is returned as loaded.
+        """
         if self._iterable:
             raise TypeError("DataLoader.state_dict supports map-style datasets; an "
                             "IterableDataset keeps its position in its own iterator")
-        iterator = self._current_iterator()
-        if iterator is not None and not iterator.epoch_finished:
-            rng_states, yielded = iterator.epoch_rng_states, iterator.num_yielded
-        elif self._pending_state is not None:
+        warn_if_order_unknown(self)
+        if self._pending_state is not None:
             return dict(self._pending_state)
-        else:
-            rng_states, yielded = [s.get_state() for s in self._rng_sources()], 0
-        return {"version": _STATE_VERSION, "rng_states": rng_states, "batches_yielded": yielded,
-                "sampler_epoch": getattr(self.sampler, "epoch", None)}
+        return make_state([s.get_state() for s in self._rng_sources()], self._progress, self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at ``state``: the next ``iter(loader)`` continues that epoch."""
+        """Resume at ``state``: the next ``iter(loader)`` continues that epoch.
+
+        The state is checked now against this loader (its dataset length,
+        batch size, samplers and generator): a mismatch is a ValueError naming it.
+        """
         if self._iterable:
             raise TypeError("DataLoader.load_state_dict supports map-style datasets only")
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a fastload DataLoader state_dict (version "
-                             f"{_STATE_VERSION}): {state!r:.200}")
-        if len(state["rng_states"]) != len(self._rng_sources()):
-            raise ValueError("this state_dict comes from a DataLoader with other random "
-                             "samplers; build the loader with the same arguments")
-        self._pending_state = dict(state)
+        self._pending_state = check_state(state, self, self._rng_sources())
 
 
 def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[Any], bool]:
@@ -351,30 +363,50 @@ class _BaseIter:
         self._sampler = loader.sampler
         self._index_sampler = loader._index_sampler
         self._len_called = loader._IterableDataset_len_called
-        self.epoch_finished = False
+        self.progress = EpochProgress([], None)
+
+    @property
+    def epoch_finished(self) -> bool:
+        return self.progress.finished
+
+    @epoch_finished.setter
+    def epoch_finished(self, finished: bool) -> None:
+        self.progress.finished = finished
 
     def _begin_epoch(self, resume: dict | None) -> int:
         """Restore (on resume) and snapshot the seed streams, draw the epoch's base seed."""
         sources = self._rng_sources
-        skip = 0
+        skip, skip_after = 0, ()
         if resume is not None:
             for source, state in zip(sources, resume["rng_states"]):
                 source.set_state(state)
-            if resume.get("sampler_epoch") is not None and hasattr(self._sampler, "set_epoch"):
+            if resume["sampler_epoch"] is not None and hasattr(self._sampler, "set_epoch"):
                 self._sampler.set_epoch(resume["sampler_epoch"])
-            skip = int(resume["batches_yielded"])
-        self.epoch_rng_states = [s.get_state() for s in sources]
+            skip, skip_after = int(resume["batches_yielded"]), resume["yielded_after"]
+        self.progress = EpochProgress([s.get_state() for s in sources],
+                                      getattr(self._sampler, "epoch", None), skip, skip_after)
         base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
         self._indices, self._kernel_batches = _index_stream(self._index_sampler,
                                                             self._source.auto_collation)
-        # Batches already seen are skipped as indices only: nothing is fetched.
+        # Batches already handed out are skipped as indices only: nothing is
+        # fetched.  Those handed out of order (in_order=False) beyond the first
+        # ones are skipped as their turn comes (``_skips_next``).
         for _ in itertools.islice(self._indices, skip):
             pass
+        self._skip_after = set(skip_after)
         self.num_yielded = skip
         self._next_batch_no = skip
-        self.epoch_finished = False
         return base_seed
+
+    def _skips_next(self) -> bool:
+        """Skip the next index batch if it was handed out before a resume; False at the end."""
+        if self._next_batch_no not in self._skip_after:
+            return False
+        self._skip_after.discard(self._next_batch_no)
+        self._next_batch_no += 1
+        next(self._indices, None)
+        return True
 
     def _deliver(self, batch: Any) -> Any:
         self.num_yielded += 1
@@ -407,6 +439,8 @@ class _SingleProcessIter(_BaseIter):
     def __next__(self) -> Any:
         if self.epoch_finished:
             raise StopIteration
+        while self._skip_after and self._skips_next():
+            pass
         try:
             indices = next(self._indices)
         except StopIteration:
@@ -421,9 +455,14 @@ class _SingleProcessIter(_BaseIter):
         except StopIteration:
             # The end of an IterableDataset ends the epoch.  Raised by a map-style
             # dataset, it ends only the caller's loop: the epoch goes on, as in torch.
+            self.progress.hand(batch_no)
             if self._source.iterable:
                 self.epoch_finished = True
             raise
+        except Exception:
+            self.progress.hand(batch_no)  # its error was the caller's batch: resuming skips it
+            raise
+        self.progress.hand(batch_no)
         return self._deliver(batch)
 
 
@@ -493,7 +532,8 @@ class _MultiProcessIter(_BaseIter):
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
         self._active = [True] * self._num_workers
-        self._rotation = 0
+        # Batch k goes to worker k % num_workers, also when resuming at k.
+        self._rotation = self._next_batch_no % self._num_workers
         self._next_to_yield = self._next_batch_no
         self._indices_exhausted = False
         for _ in range(self._num_workers * self._prefetch):
@@ -546,6 +586,8 @@ class _MultiProcessIter(_BaseIter):
         """Send the next batch to its worker, if there is one to send."""
         if self._indices_exhausted:
             return
+        while self._skip_after and self._skips_next():
+            self._rotation = (self._rotation + 1) % self._num_workers
         worker = self._pick_worker()
         if worker is None:
             return
@@ -627,6 +669,7 @@ class _MultiProcessIter(_BaseIter):
                 if kind == "batch":
                     layout, values = payload
                     batch = layout.build(self._ring.lease(slot_id), values)
+                    self.progress.hand(batch_no)
                     self._dispatch()
                     return self._deliver(batch)
                 self._ring.release(slot_id)
@@ -634,6 +677,7 @@ class _MultiProcessIter(_BaseIter):
                     self._active[worker] = False
                     self._dispatch()  # keep the other workers' share in flight
                     continue
+                self.progress.hand(batch_no)  # its error was the caller's batch: resuming skips it
                 self._dispatch()
                 payload.reraise()
             if not self._tasks:

@@ -1,0 +1,198 @@
+"""Resuming an epoch: what a loader's ``state_dict`` holds, and how it is checked.
+
+A state is the seed streams' state at the start of the epoch, the batches the
+caller has been handed (as a batch or as the error making it raised), the
+sampler's epoch, and a description of the loader it came from.  Resuming
+restores the streams, replays the epoch's index batches and skips the handed
+ones without fetching them (NOTE [ Determinism ] in dataloader.py).
+
+``EpochProgress`` is kept by the loader, not only by its iterator, so a
+state taken after the loop has ended -- a ``break``, an exception, Ctrl-C,
+which drop the iterator -- still says where the epoch stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 had no loader description and no out-of-order list
+
+
+class EpochProgress:
+    """The batches of one epoch handed to the caller, by batch number.
+
+    ``handed``: every batch below it was handed out; ``after``: those handed
+    out beyond it (out of order, ``in_order=False``).  A batch counts once the
+    caller has it or the exception raised in making it: resuming skips it.
+    """
+
+    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished")
+
+    def __init__(self, rng_states: list, sampler_epoch: Any, handed: int = 0,
+                 after: frozenset = frozenset()) -> None:
+        self.rng_states = rng_states
+        self.sampler_epoch = sampler_epoch
+        self.handed = handed
+        self.after = set(after)
+        self.finished = False
+        self._advance()
+
+    def hand(self, batch_no: int) -> None:
+        if batch_no >= self.handed:
+            self.after.add(batch_no)
+            self._advance()
+
+    def _advance(self) -> None:
+        while self.handed in self.after:
+            self.after.remove(self.handed)
+            self.handed += 1
+
+
+def describe(loader: Any) -> dict:
+    """What a state must agree with to resume the same epoch."""
+    try:
+        length = len(loader.dataset)
+    except TypeError:
+        length = None
+    return {"dataset_length": length, "batch_size": loader.batch_size,
+            "drop_last": loader.drop_last, "sampler": _type_name(loader.sampler),
+            "batch_sampler": _type_name(loader.batch_sampler)}
+
+
+def _type_name(obj: Any) -> str | None:
+    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def make_state(rng_states: list, progress: EpochProgress | None, loader: Any) -> dict:
+    """A state: mid-epoch from ``progress``, else at the start of the next epoch."""
+    started = progress is not None and not progress.finished
+    return {"version": STATE_VERSION,
+            "rng_states": progress.rng_states if started else rng_states,
+            "batches_yielded": progress.handed if started else 0,
+            "yielded_after": sorted(progress.after) if started else [],
+            # Between epochs the caller sets the next epoch itself (set_epoch).
+            "sampler_epoch": progress.sampler_epoch if started else None,
+            "loader": describe(loader)}
+
+
+def check_state(state: Any, loader: Any, sources: list) -> dict:
+    """``state`` made whole and checked against ``loader``; ValueError naming what is wrong."""
+    if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
+        raise ValueError(f"not a fastload DataLoader state_dict (version {STATE_VERSION}): "
+                         f"{state!r:.200}")
+    state = dict(state)
+    for key, default in (("yielded_after", []), ("sampler_epoch", None), ("loader", None)):
+        state.setdefault(key, default)
+    for key in ("rng_states", "batches_yielded"):
+        if key not in state:
+            raise ValueError(f"DataLoader state_dict has no {key!r}: {state!r:.200}")
+    recorded = state["loader"]
+    if recorded is not None:
+        current = describe(loader)
+        for key, value in current.items():
+            if key in recorded and recorded[key] != value:
+                raise ValueError(f"this state_dict comes from a DataLoader with {key}="
+                                 f"{recorded[key]!r}, this one has {key}={value!r}; build "
+                                 f"the loader with the same dataset and arguments")
+    if not isinstance(state["rng_states"], (list, tuple)) \
+            or len(state["rng_states"]) != len(sources):
+        raise ValueError("this state_dict comes from a DataLoader with other random samplers; "
+                         "build the loader with the same arguments")
+    handed = state["batches_yielded"]
+    after = state["yielded_after"]
+    if not _is_count(handed) or not all(_is_count(b) and b > handed for b in after):
+        raise ValueError(f"DataLoader state_dict: batches_yielded={handed!r} and "
+                         f"yielded_after={after!r} must be batch numbers (ints >= 0), the "
+                         f"second all above the first")
+    try:
+        batches = len(loader)
+    except TypeError:
+        batches = None
+    if batches is not None and max([handed - 1, *after]) >= batches:
+        raise ValueError(f"DataLoader state_dict: batch {max([handed - 1, *after])} was handed "
+                         f"out, but this loader has {batches} batches an epoch")
+    # Every stream takes its state now, so a wrong one fails here, not at iter().
+    for source, new in zip(sources, state["rng_states"]):
+        old = source.get_state()
+        try:
+            source.set_state(new)
+        except Exception as error:
+            raise ValueError(f"DataLoader state_dict: a seed stream's state does not fit this "
+                             f"loader's generator ({type(error).__name__}: {error})") from error
+        finally:
+            source.set_state(old)
+    return state
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+
+
+def warn_if_order_unknown(loader: Any) -> None:
+    """Warn (once per loader) when the sampler that decides the order is not one whose
+    order a state restores."""
+    if loader._warned_unknown_order:
+        return
+    # A plain BatchSampler only groups what its sampler yields: look through it.
+    chain = [obj for obj in sampler_chain(loader) if not _is_plain_batch_sampler(obj)]
+    if not chain:
+        return
+    source = chain[0]
+    if type(source).__module__ == "fastload.sampler" or _is_torch_sequential(source) \
+            or torch_generator_of(source) is not None \
+            or isinstance(source, (range, list, tuple, np.ndarray)):
+        return
+    loader._warned_unknown_order = True
+    warnings.warn(f"DataLoader.state_dict: the order of {_type_name(source)} is not one "
+                  f"fastload can save; resuming replays it from the start of the epoch and "
+                  f"skips the batches already handed out, which is exact only if it yields "
+                  f"the same order again (seed it for each epoch, or use fastload's samplers)",
+                  stacklevel=3)
+
+
+def _is_plain_batch_sampler(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "BatchSampler" and cls.__module__ in ("fastload.sampler",
+                                                                 "torch.utils.data.sampler")
+
+
+def _is_torch_sequential(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__module__ == "torch.utils.data.sampler" and cls.__name__ == "SequentialSampler"
+
+
+def sampler_chain(loader: Any) -> list:
+    """The loader's batch sampler (or sampler), then each ``.sampler`` it wraps."""
+    chain, node = [], loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    while node is not None and len(chain) < 8:
+        chain.append(node)
+        node = getattr(node, "sampler", None)
+    return chain
+
+
+def torch_generator_of(sampler: Any) -> Any:
+    """The ``torch.Generator`` a (torch) sampler draws its order from, if it was given one."""
+    torch = sys.modules.get("torch")
+    generator = getattr(sampler, "generator", None)
+    return generator if torch is not None and isinstance(generator, torch.Generator) else None
+
+
+class TorchGeneratorState:
+    """A torch sampler's own ``torch.Generator`` as a seed stream to snapshot and restore
+    (torch's RandomSampler, SubsetRandomSampler, WeightedRandomSampler given one)."""
+
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator
+
+    def get_state(self) -> tuple:
+        return ("torch.Generator", self.generator.get_state())
+
+    def set_state(self, state: tuple) -> None:
+        if not (isinstance(state, tuple) and len(state) == 2 and state[0] == "torch.Generator"):
+            raise TypeError(f"not a torch.Generator state: {state!r:.80}")
+        self.generator.set_state(state[1])

@@ -1,0 +1,244 @@
+"""``DataLoader.state_dict`` / ``load_state_dict``: resuming gives exactly the batches an
+uninterrupted run would have given, however the epoch was left, and a state that does
+not fit the loader is refused when it is loaded."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload import DataLoader
+
+pytestmark = pytest.mark.timeout(120)
+
+LOADERS = [dict(num_workers=0), dict(num_workers=2), dict(num_workers=2, persistent_workers=True)]
+
+
+def firsts(batches) -> list:
+    """Each batch as a list (an ArrayDataset's batch is a 1-tuple of arrays)."""
+    return [(b[0] if isinstance(b, (list, tuple)) else b).tolist() for b in batches]
+
+
+def uninterrupted(make, epochs=2) -> list:
+    loader = make()
+    return [firsts(loader) for _ in range(epochs)]
+
+
+def resume_from(make, state, epochs=2) -> list:
+    loader = make()
+    loader.load_state_dict(state)
+    return [firsts(loader) for _ in range(epochs)]
+
+
+class Flaky(fl.Dataset):
+    """Sample ``bad`` raises; sample ``slow`` takes a while (so workers answer out of order)."""
+
+    def __init__(self, n, bad=None, slow=None):
+        self.n, self.bad, self.slow = n, bad, slow
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"sample {i} is broken")
+        if i == self.slow:
+            time.sleep(0.3)
+        return i
+
+
+@pytest.mark.parametrize("how", ["break", "exception"])
+@pytest.mark.parametrize("kwargs", LOADERS, ids=["0", "2", "2p"])
+def test_a_state_taken_after_the_loop_was_left_resumes_where_it_stopped(kwargs, how):
+    # The usual checkpoint on preemption: the loop is left (break, Ctrl-C, an
+    # error), which drops the iterator, and only then is the state taken.
+    def make():
+        return DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=4, shuffle=True,
+                          generator=1, **kwargs)
+
+    loader, seen = make(), []
+    try:
+        for batch in loader:
+            seen.append(batch[0].tolist())
+            if len(seen) == 2:
+                if how == "break":
+                    break
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 2
+    expected = uninterrupted(make)
+    assert [seen + resumed for resumed in resume_from(make, state, epochs=1)] == expected[:1]
+    assert resume_from(make, state)[1] == expected[1]  # the next epoch too
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_whose_error_the_caller_caught_is_not_made_again(num_workers):
+    def make():
+        return DataLoader(Flaky(12, bad=4), batch_size=2, num_workers=num_workers)
+
+    loader, seen = make(), []
+    iterator = iter(loader)
+    for _ in range(4):
+        try:
+            seen.append(next(iterator).tolist())
+        except KeyError:
+            seen.append("error")
+    assert seen == [[0, 1], [2, 3], "error", [6, 7]]
+    state = loader.state_dict()
+    del iterator
+    assert resume_from(make, state, epochs=1) == [[[8, 9], [10, 11]]]
+
+
+def test_out_of_order_batches_resume_with_each_sample_once():
+    # in_order=False hands batches out as workers finish them: the state lists
+    # the ones handed out beyond the first gap.
+    def make():
+        return DataLoader(Flaky(16, slow=0), batch_size=2, num_workers=2, in_order=False)
+
+    loader = make()
+    iterator = iter(loader)
+    seen = [next(iterator).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    del iterator
+    assert [0, 1] not in seen and state["batches_yielded"] == 0 and state["yielded_after"]
+    rest = resume_from(make, state, epochs=1)[0]
+    assert sorted(v for b in seen + rest for v in b) == list(range(16))
+
+
+def test_worker_assignment_survives_a_resume():
+    # Batch k goes to worker k % num_workers in every run, resumed or not.
+    class WhichWorker(fl.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return fl.get_worker_info().id
+
+    def make():
+        return DataLoader(WhichWorker(), batch_size=2, num_workers=2)
+
+    loader = make()
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    del iterator
+    workers = [batch[0] for batch in resume_from(make, state, epochs=1)[0]]
+    assert workers == [k % 2 for k in range(1, 6)]
+
+
+def test_a_distributed_sampler_checkpointed_between_epochs_follows_set_epoch():
+    ds = fl.ArrayDataset(np.arange(12))
+    sampler = fl.DistributedSampler(ds, num_replicas=2, rank=0, seed=3)
+    loader = DataLoader(ds, batch_size=3, sampler=sampler)
+    sampler.set_epoch(0)
+    list(loader)
+    state = loader.state_dict()  # between epochs
+    sampler.set_epoch(1)
+    expected = [b[0].tolist() for b in loader]
+
+    sampler = fl.DistributedSampler(ds, num_replicas=2, rank=0, seed=3)
+    resumed = DataLoader(ds, batch_size=3, sampler=sampler)
+    resumed.load_state_dict(state)
+    sampler.set_epoch(1)
+    assert [b[0].tolist() for b in resumed] == expected
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(batch_size=2), "batch_size=7, this one has batch_size=2"),
+    (dict(length=50), "dataset_length=20, this one has dataset_length=50"),
+    (dict(drop_last=True), "drop_last=False, this one has drop_last=True"),
+    (dict(sampler="weighted"), "sampler="),
+])
+def test_a_state_from_a_loader_built_otherwise_is_refused_when_loaded(change, field):
+    def make(length=20, batch_size=7, drop_last=False, sampler=None):
+        ds = fl.ArrayDataset(np.arange(length))
+        if sampler == "weighted":
+            return DataLoader(ds, batch_size=batch_size, drop_last=drop_last,
+                              sampler=fl.WeightedRandomSampler(np.ones(length), length,
+                                                               generator=0))
+        return DataLoader(ds, batch_size=batch_size, drop_last=drop_last, shuffle=True,
+                          generator=0)
+
+    loader = make()
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match=field):
+        make(**change).load_state_dict(state)
+
+
+def test_a_broken_state_is_refused_when_loaded_and_disturbs_nothing():
+    def make(generator=0):
+        return DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=4, shuffle=True,
+                          generator=generator)
+
+    state = make().state_dict()
+    loader = make()
+    expected = uninterrupted(make)
+    for broken, match in ((dict(state, batches_yielded=-1), "batch numbers"),
+                          ({k: v for k, v in state.items() if k != "batches_yielded"},
+                           "no 'batches_yielded'"),
+                          (dict(state, batches_yielded=9), "has 5 batches"),
+                          (dict(state, rng_states=[("numpy", {"bit_generator": "MT19937"})] * 2),
+                           "does not fit")):
+        with pytest.raises(ValueError, match=match):
+            loader.load_state_dict(broken)
+    assert [firsts(loader) for _ in range(2)] == expected
+
+
+def test_state_dict_after_load_state_dict_is_the_loaded_state():
+    def make():
+        return DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=2, shuffle=True, generator=5)
+
+    source = make()
+    iterator = iter(source)
+    for _ in range(3):
+        next(iterator)
+    state = source.state_dict()
+    other = make()
+    running = iter(other)
+    next(running)  # mid-epoch when the state is loaded
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+def test_a_torch_sampler_with_its_generator_resumes_exactly(torch):
+    def make():
+        generator = torch.Generator().manual_seed(0)
+        return DataLoader(fl.ArrayDataset(np.arange(12)), batch_size=3,
+                          sampler=torch.utils.data.RandomSampler(range(12), generator=generator))
+
+    expected = uninterrupted(make)
+    loader = make()
+    list(loader)
+    iterator = iter(loader)
+    seen = firsts([next(iterator)])
+    state = loader.state_dict()
+    del iterator
+    assert seen + resume_from(make, state, epochs=1)[0] == expected[1]
+
+
+def test_a_sampler_whose_order_cannot_be_saved_is_warned_about():
+    class OwnRandom(fl.Sampler):
+        def __init__(self, n):
+            self.n, self.rng = n, np.random.default_rng(0)
+
+        def __iter__(self):
+            return iter(self.rng.permutation(self.n).tolist())
+
+        def __len__(self):
+            return self.n
+
+    loader = DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=2, sampler=OwnRandom(6))
+    with pytest.warns(UserWarning, match="OwnRandom is not one fastload can save"):
+        loader.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.state_dict()  # once per loader
+        DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=2, shuffle=True).state_dict()
