@@ -43,7 +43,9 @@ class EpochProgress:
         self._advance()
 
     def hand(self, batch_no: int) -> None:
-        if batch_no >= self.handed:
+        if batch_no == self.handed and not self.after:  # in order: once per batch
+            self.handed = batch_no + 1
+        elif batch_no >= self.handed:
             self.after.add(batch_no)
             self._advance()
 
