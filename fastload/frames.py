@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Callable
 
 __all__ = ["send_frame", "FrameReader"]
 
@@ -20,16 +21,28 @@ _HEADER = struct.Struct("!i")
 _READ_SIZE = 1 << 16
 
 
-def send_frame(fd: int, data: bytes) -> None:
-    """Write one message (blocking until all of it is in the pipe)."""
+def send_frame(fd: int, data: bytes, wait_writable: Callable[[], bool] | None = None) -> None:
+    """Write one message, until all of it is in the pipe.
+
+    On a non-blocking ``fd``, a full pipe calls ``wait_writable()``, which
+    returns once the pipe can take more, or False when the reader is known
+    to be gone: then ``BrokenPipeError``.
+    """
     if len(data) > 0x7FFFFFFF:
         raise ValueError(f"message of {len(data)} bytes is too large for a pipe frame")
     frame = _HEADER.pack(len(data)) + data
-    written = os.write(fd, frame)
+    try:
+        written = os.write(fd, frame)
+    except BlockingIOError:
+        written = 0
     if written < len(frame):  # a full pipe, or a signal: write the rest
         view = memoryview(frame)[written:]
         while view:
-            view = view[os.write(fd, view):]
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                if wait_writable is None or not wait_writable():
+                    raise BrokenPipeError(f"the reader of pipe fd {fd} is gone") from None
 
 
 class FrameReader:

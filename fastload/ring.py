@@ -366,7 +366,9 @@ class Ring:
         self.collect()
         segments = [self._slots[slot_id].segment for slot_id in self._free]
         spares.put([segment for segment in segments if segment is not None])
-        held = {lease: self._slots[slot_id].segment for lease, slot_id in self._lease_slots.items()
+        # The latest batches first: the spares take what fits in SPARE_BYTES.
+        held = {lease: self._slots[slot_id].segment
+                for lease, slot_id in reversed(self._lease_slots.items())
                 if self._slots[slot_id].segment is not None}
         # Those leases' references land in this deque when they die: it is the spares' now.
         spares.await_leases(self._dead_leases, held)
@@ -463,9 +465,21 @@ class SpareSlots:
     def await_leases(self, dead: collections.deque[weakref.ref],
                      held: dict[weakref.ref, Segment]) -> None:
         """Slots whose batches the caller holds past the end of their epoch: each
-        is kept here once the weak reference to its lease lands in ``dead``."""
-        if held:
-            self._awaited.append((dead, held))
+        is kept here once the weak reference to its lease lands in ``dead``.
+
+        Only as many as fit in ``SPARE_BYTES`` with what is kept already, in
+        ``held``'s order: the others are freed with their batch, not kept
+        until the next epoch (or for good, by a loader that is not iterated again).
+        """
+        self._collect_released()
+        room = SPARE_BYTES - self.nbytes
+        kept = {}
+        for lease, segment in held.items():
+            if segment.size <= room:
+                kept[lease] = segment
+                room -= segment.size
+        if kept:
+            self._awaited.append((dead, kept))
 
     def _collect_released(self) -> None:
         awaited = []
@@ -491,9 +505,11 @@ class SpareSlots:
 
     @property
     def nbytes(self) -> int:
-        """Bytes kept now (what ``take`` would return, before its cap)."""
+        """Bytes kept now or once the batches awaited are released (``take`` caps
+        the free ones it returns at ``SPARE_BYTES``)."""
         self._collect_released()
-        return sum(segment.size for segment in self._segments)
+        return sum(segment.size for segment in self._segments) \
+            + sum(segment.size for _, held in self._awaited for segment in held.values())
 
 
 class SlotWriter:

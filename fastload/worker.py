@@ -37,7 +37,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -327,6 +327,42 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 return False
         return True
 
+    # An answer larger than what the pipe holds waits for the main process to
+    # read it; if that process is killed, nobody will, and other processes
+    # that inherited the pipe's read end (workers of other loaders) keep the
+    # write from failing.  So the answer pipe is written without blocking,
+    # and a full pipe is waited on together with the main process's liveness.
+    # A stop sent meanwhile (the caller left the epoch) is seen too: the main
+    # process would otherwise wait out the grace period for this worker.
+    result_fd = result_conn.fileno()
+    os.set_blocking(result_fd, False)
+    answer_room = select.poll()
+    answer_room.register(result_fd, select.POLLOUT)
+    answer_room.register(task_fd, select.POLLIN)
+    if parent.fd is not None:
+        answer_room.register(parent.fd, select.POLLIN)
+    tasks = FrameReader(task_fd)
+    stop_while_sending = False
+
+    def wait_writable() -> bool:
+        """Until the answer pipe has room: True; False if the main process is gone or
+        has told this worker to stop (``stop_while_sending``)."""
+        nonlocal stop_while_sending
+        while True:
+            events = answer_room.poll(liveness_ms)
+            if any(fd == result_fd for fd, _ in events):
+                return True
+            if any(fd == task_fd for fd, _ in events):
+                try:
+                    tasks.fill()
+                except (EOFError, OSError):
+                    return False  # the main process closed our pipes
+                if tasks.holds(STOP_MESSAGE):
+                    stop_while_sending = True
+                    return False
+            elif parent.gone():
+                return False
+
     # The main process sends this worker's first message only once it has
     # placed it on a CPU (NOTE [ Why new workers are moved off the main
     # process's CPU ]); until then its affinity is not yet the one it
@@ -348,28 +384,32 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         source = BatchSource(dataset, *source_args)
     except Exception:
         # The main process re-raises it and stops the pool.
-        return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)))
+        return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)),
+                         wait_writable=wait_writable)
     writer = SlotWriter(inherited_slots)
     layouts = LayoutSender()
-    tasks = FrameReader(task_fd)
     read_at = 0.0  # when the task pipe was last read
 
     def told_to_stop() -> bool:
         """Whether a stop message waits behind the task about to be made.
 
         A task read a while ago (ahead of a slow batch) may have a stop sent
-        since behind it, so the pipe is read again first (without waiting).
+        since behind it, so the pipe is read again first (without waiting),
+        and the main process may have died meanwhile (``_MainProcessGone``).
         After quick batches it is not: a stop then costs at most
         ``prefetch_factor`` of them, and the steady state makes no system call.
         """
         nonlocal read_at
-        if time.monotonic() - read_at > _STOP_CHECK_AGE \
-                and any(fd == task_fd for fd, _ in tasks_ready.poll(0)):
-            try:
-                tasks.fill()
-            except (EOFError, OSError):
-                return True  # the main process closed our pipe: nobody will read the batch
-            read_at = time.monotonic()
+        if time.monotonic() - read_at > _STOP_CHECK_AGE:
+            events = tasks_ready.poll(0)
+            if any(fd == parent.fd for fd, _ in events) and parent.gone():
+                raise _MainProcessGone
+            if any(fd == task_fd for fd, _ in events):
+                try:
+                    tasks.fill()
+                except (EOFError, OSError):
+                    return True  # the main process closed our pipe: nobody will read the batch
+                read_at = time.monotonic()
         return tasks.has_leftover and tasks.holds(STOP_MESSAGE)
 
     while True:
@@ -384,9 +424,10 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 if data is None:
                     continue  # part of a long task: the rest is on its way
             message = _decode_task(data)
-        except (EOFError, OSError):
-            break  # the main process closed our task pipe without a word: it died
-        if message is None or told_to_stop():
+            stop = message is None or told_to_stop()
+        except (EOFError, OSError, _MainProcessGone):
+            break  # the main process closed our task pipe without a word, or died
+        if stop:
             result_conn.close()
             return False
         kind = message[0]
@@ -420,10 +461,17 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         # The created segment is reported even for a failed batch, so the main
         # process adopts (and later unlinks) it.
         reply = (kind, batch_no, slot_info.slot_id, allocation.created_name, payload)
-        if not _send(result_conn, reply, where):
+        if not _send(result_conn, reply, where, wait_writable):
+            if stop_while_sending:
+                result_conn.close()
+                return False
             break
     result_conn.close()
     return True
+
+
+class _MainProcessGone(Exception):
+    """The main process died: nobody will read this worker's batches."""
 
 
 # The stop message, as the main process sends it.
@@ -432,12 +480,15 @@ STOP_MESSAGE = pickle.dumps(None)
 _STOP_CHECK_AGE = 0.002
 
 
-def _send(conn: Any, reply: tuple, where: str = "") -> bool:
+def _send(conn: Any, reply: tuple, where: str = "",
+          wait_writable: Callable[[], bool] | None = None) -> bool:
     """Send a reply; one that cannot be pickled (an odd exception) becomes an error reply.
+    False when the main process is gone.
 
     A batch's own values were pickled already, by ``LayoutSender.encode``."""
     try:
-        send_frame(conn.fileno(), pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+        send_frame(conn.fileno(), pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL),
+                   wait_writable)
         return True
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return False  # the main process is gone
@@ -446,7 +497,7 @@ def _send(conn: Any, reply: tuple, where: str = "") -> bool:
         error = ExceptionWrapper(f"{where} (sending the batch to the main process)")
         try:
             send_frame(conn.fileno(), pickle.dumps(("error",) + reply[1:4] + (error,),
-                                                   protocol=pickle.HIGHEST_PROTOCOL))
+                                                   protocol=pickle.HIGHEST_PROTOCOL), wait_writable)
             return True
         except Exception:
             return False

@@ -601,6 +601,33 @@ def test_for_loop_break_without_names_stops_workers(no_leaks):
         gc.enable()
 
 
+class LongNames(fl.Dataset):
+    """Answers larger than a pipe: each sample carries a 1 MiB string, pickled."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32), "x" * (1 << 20)
+
+
+@pytest.mark.timeout(60)
+def test_leaving_an_epoch_stops_workers_that_wait_to_write_an_answer(no_leaks):
+    # Their answers fill the pipe, so they wait to write the rest; told to
+    # stop meanwhile, they stop at once instead of being waited for (5 s) and
+    # then terminated.
+    loader = fl.DataLoader(LongNames(), batch_size=4, num_workers=2)
+    it = iter(loader)
+    assert list(next(it)[1]) == ["x" * (1 << 20)] * 4
+    time.sleep(0.5)  # the workers make their next batches and fill the pipes
+    pids, prefix = it.worker_pids, it._ring.prefix
+    started = time.monotonic()
+    del it
+    assert time.monotonic() - started < 2.0
+    assert _wait_gone(pids, 2.0) == []
+    assert _prefix_entries(prefix) == []
+
+
 @pytest.mark.timeout(60)
 def test_dropping_a_persistent_workers_loader_stops_its_workers_without_gc(no_leaks):
     """As torch: ``del loader`` (persistent_workers=True) stops the workers at once."""
@@ -813,16 +840,26 @@ def test_a_process_the_caller_forks_leaves_the_loader_alone_at_its_exit(tmp_path
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
-@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+@pytest.mark.parametrize("busy", ["idle", "busy", "oversized"])
 def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks, method, busy):
     # The workers notice that the main process is gone (forkserver workers are
     # not its children) and unlink their ring's segments as they exit.  "busy"
     # adds a second loader whose workers are inside __getitem__ at the time:
     # they create their slots' segments only once it returns, then clean up.
+    # "oversized": its workers' answers (pickled strings) are larger than the
+    # pipe, so they are waiting to write them, a write nobody will read.
     script = _script(tmp_path, f"""
         import os, time
+        import numpy as np
         import fastload as fl
         from datasets_for_workers import SquareDataset, SlowDataset
+
+        class LongNames(fl.Dataset):
+            def __len__(self):
+                return 64
+
+            def __getitem__(self, i):
+                return np.full(4, i, np.float32), "x" * (1 << 20)
 
         if __name__ == "__main__":
             loader = fl.DataLoader(SquareDataset(64, (3, 16, 16)), batch_size=4, num_workers=2,
@@ -831,10 +868,16 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
             it = iter(loader)            # a second epoch, left mid-way
             batch = next(it)
             iterators = [it]
-            if {busy!r}:
+            if {busy!r} == "busy":
                 slow = fl.DataLoader(SlowDataset(64, delay=0.3, shape=(3, 32, 32)), batch_size=8,
                                      num_workers=2, multiprocessing_context={method!r})
                 iterators.append(iter(slow))
+            if {busy!r} == "oversized":
+                long = fl.DataLoader(LongNames(), batch_size=4, num_workers=2,
+                                     multiprocessing_context={method!r})
+                iterators.append(iter(long))
+                next(iterators[-1])
+                time.sleep(1)  # the workers fill the pipe and wait to write the rest
             print("PIDS", *[pid for it in iterators for pid in it.worker_pids], flush=True)
             print("PREFIX", *[it._ring.prefix for it in iterators], flush=True)
             time.sleep(60)

@@ -289,7 +289,8 @@ def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
     ring.hand_over(spares)
     ring.close()
     assert [n for n in shm_entries() if n.startswith(prefix)] == []  # names gone, as always
-    assert spares.nbytes == segments[slots[1]].size + segments[slots[2]].size
+    # The free slots, and the held one to come (it fits in SPARE_BYTES).
+    assert spares.nbytes == sum(segment.size for segment in segments.values())
     del held  # the batch outlived its epoch: its slot joins the spares now
     gc.collect()
     taken = spares.take()
@@ -323,13 +324,18 @@ def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
         segment.unlink()
     spares = ringmod.SpareSlots()
     monkeypatch.setattr(ringmod, "SPARE_BYTES", 3 * 4 * 4096)
-    spares.put(segments[:3])
+    spares.put(segments[:1])
     dead: collections.deque = collections.deque()
-    leases = {i: SlotLease(segments[i], i) for i in (3, 4)}
+    leases = {i: SlotLease(segments[i], i) for i in (4, 3, 2, 1)}  # the latest batch first
     spares.await_leases(dead, {weakref.ref(lease, dead.append): segments[i]
                                for i, lease in leases.items()})
-    del leases[3], leases[4]  # released in this order: the later one is kept first
-    assert [s.name for s in spares.take()] == [segments[i].name for i in (4, 3, 2)]
+    assert spares.nbytes == 3 * 4 * 4096  # room for two of the four: the latest two
+    gone = weakref.ref(segments[1].array.base)
+    del leases[4], leases[3], leases[2], leases[1]
+    segments[1] = None
+    gc.collect()
+    assert gone() is None, "a batch beyond SPARE_BYTES kept its slot after it was released"
+    assert [s.name for s in spares.take()] == [segments[i].name for i in (3, 4, 0)]
 
 
 def test_a_batch_kept_after_its_loader_is_gone_does_not_keep_the_spares(prefix):
