@@ -55,7 +55,7 @@ import os
 import secrets
 import shutil
 import weakref
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -114,6 +114,48 @@ def _space_error(name: str, size: int, needed_total: int | None = None) -> Share
     )
 
 
+def _with_fd_room(call: Callable[[], Any]) -> Any:
+    """``call()``, which opens a file descriptor; at the process's limit, raise it once.
+
+    Every mapping holds a descriptor (Python's ``mmap`` keeps its own), so a
+    caller holding many batches (an epoch kept in a list) reaches the common
+    soft limit of 1024.  The soft limit is raised towards the hard one, as
+    ``ulimit -n`` would; past the hard limit the error says what to change.
+    """
+    try:
+        return call()
+    except OSError as error:
+        if error.errno != errno.EMFILE:
+            raise
+        if _raise_fd_limit():
+            return call()
+        raise OSError(errno.EMFILE, f"too many open files: each shared-memory slot, and so "
+                      f"each batch the caller holds, keeps a file descriptor until released; "
+                      f"hold fewer batches at once or raise the limit (ulimit -n, "
+                      f"now {_fd_limits()[0]})") from error
+
+
+def _fd_limits() -> tuple[int, int]:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def _raise_fd_limit() -> bool:
+    """Double the soft limit on open files, up to the hard one; False if it cannot grow."""
+    import resource
+
+    soft, hard = _fd_limits()
+    target = soft * 2 if hard == resource.RLIM_INFINITY else min(hard, soft * 2)
+    if target <= soft:
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return False
+    return True
+
+
 class Segment:
     """One mapped POSIX shared-memory segment.
 
@@ -132,7 +174,7 @@ class Segment:
         self.name = name
         self.linked = True
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        fd = _with_fd_room(lambda: _posixshmem.shm_open("/" + name, flags, mode=0o600))
         try:
             if create:
                 try:
@@ -151,7 +193,8 @@ class Segment:
             # filling a slot); mapping them all in one call beats a page
             # fault per 4 KiB.
             map_flags = mmap.MAP_SHARED | (_MAP_POPULATE if populate else 0)
-            mapping = mmap.mmap(fd, size, flags=map_flags) if size > 0 else None
+            mapping = _with_fd_room(lambda: mmap.mmap(fd, size, flags=map_flags)) \
+                if size > 0 else None
         finally:
             os.close(fd)
         self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \

@@ -761,3 +761,46 @@ def test_too_small_dev_shm_gives_clear_error(tmp_path, case):
     # And the failed loader left nothing behind in that /dev/shm (once collected;
     # test_faults checks that no garbage collection is needed).
     assert "LEFT []" in out, out
+
+
+
+_FD_LIMIT_SCRIPT = """
+import resource, sys
+sys.path[:0] = [{repo!r}]
+import numpy as np
+import fastload as fl
+
+class Rows(fl.Dataset):
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32)
+
+resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))
+try:
+    held = list(fl.DataLoader(Rows(), batch_size=2, num_workers=2))
+    intact = all(b[:, 0].tolist() == [2 * k, 2 * k + 1] for k, b in enumerate(held))
+    print("HELD", len(held), intact, "LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+except OSError as exc:
+    print("ERROR", exc)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hard", [4096, 64])
+def test_holding_more_batches_than_the_open_file_limit(tmp_path, no_leaks, hard):
+    # Each held batch keeps a descriptor (its slot's mapping).  A caller keeping
+    # an epoch of 200 batches under a soft limit of 64 gets the limit raised
+    # towards the hard one; at the hard limit, an error that says what to change.
+    script = tmp_path / "fd_limit.py"
+    script.write_text(_FD_LIMIT_SCRIPT.format(repo=REPO_DIR, soft=64, hard=hard))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    no_leaks.watch_pid(proc.pid)
+    out, err = proc.communicate(timeout=50)
+    if hard > 64:
+        assert out.split()[:3] == ["HELD", "200", "True"] and "LIMIT 64" not in out, (out, err[-2000:])
+    else:
+        assert out.startswith("ERROR [Errno 24] too many open files") and "ulimit -n, now 64" in out, \
+            (out, err[-2000:])
