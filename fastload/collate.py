@@ -379,8 +379,10 @@ def _rebuild_layout(root: Any, nbytes: int) -> BatchLayout:
 # default_collate as plan + fill.
 # --------------------------------------------------------------------------
 
-def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
+def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: list,
                in_sequence: bool = False) -> Any:
+    """The layout node of ``elem``; sequences to check go to ``length_checks``,
+    the paths of torch tensors to ``tensors``."""
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
         if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None or elem.dtype.hasobject:
@@ -399,17 +401,19 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list,
     if isinstance(elem, (str, bytes)):
         return Value(None, path, as_tuple=in_sequence)
     if _is_torch_tensor(elem):
+        tensors.append(path)
         return ArraySlot(_numpy_dtype_of(elem.dtype), (n,) + tuple(elem.shape), path, _TENSOR,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
-        return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks)
+        return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks, tensors)
                                   for key in elem])
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return NamedTupleNode(elem_type, [_plan_node(item, path + (i,), n, length_checks, True)
-                                          for i, item in enumerate(elem)])
+        return NamedTupleNode(elem_type, [
+            _plan_node(item, path + (i,), n, length_checks, tensors, True)
+            for i, item in enumerate(elem)])
     if isinstance(elem, collections.abc.Sequence):
         length_checks.append((path, len(elem)))
-        children = [_plan_node(item, path + (i,), n, length_checks, True)
+        children = [_plan_node(item, path + (i,), n, length_checks, tensors, True)
                     for i, item in enumerate(elem)]
         # torch turns a tuple into a list ("backwards compatibility") and
         # rebuilds other sequences as their own type when it can.
@@ -423,13 +427,14 @@ def plan_collate(samples: Sequence) -> BatchLayout:
         # torch's type (its batch[0] fails), with a message that says why.
         raise IndexError("default_collate: cannot collate an empty batch (no samples)")
     length_checks: list = []
-    layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks), length_checks)
-    if "torch" in sys.modules:  # else no sample can hold a tensor: skip the walk
-        arrays = [leaf for leaf in layout.leaves() if isinstance(leaf, ArraySlot)]
-        if any(leaf.as_torch for leaf in arrays):
-            # Samples that hold torch tensors make torch's batch: every array
-            # a tensor (its numbers too), not tensors beside numpy arrays.
-            for leaf in arrays:
+    tensors: list = []
+    layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks, tensors),
+                         length_checks)
+    if tensors:
+        # Samples that hold torch tensors make torch's batch: every array a
+        # tensor (its numbers too), not tensors beside numpy arrays.
+        for leaf in layout.leaves():
+            if isinstance(leaf, ArraySlot):
                 leaf.as_torch = True
     layout.assign_offsets()
     return layout
