@@ -485,15 +485,35 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
         ring.close([slot for _, slot in tasks.values()])
 
 
+class PrefetchFactorError(ValueError, AssertionError):
+    """``prefetch_factor`` is 0 with workers; torch asserts it is positive at ``iter()``."""
+
+
+def _checked_prefetch_factor(prefetch_factor: Any) -> int:
+    """Batches each worker may have on its way; checked at ``iter()``, where torch checks it.
+
+    The loader accepts 0 (torch's "non-negative" check), and the attribute can
+    be set between epochs, so only now is it known that workers need it.
+    """
+    if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, numbers.Integral):
+        raise TypeError(f"prefetch_factor must be an int when num_workers > 0, "
+                        f"but got {prefetch_factor!r}")
+    if prefetch_factor < 1:
+        raise PrefetchFactorError(f"prefetch_factor must be greater than 0 when num_workers > 0 "
+                                  f"(it is how many batches each worker loads ahead), "
+                                  f"but got {prefetch_factor}")
+    return int(prefetch_factor)
+
+
 class _MultiProcessIter(_BaseIter):
     """Batches made by worker processes into ring slots, handed out in order."""
 
     def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
+        self._prefetch = _checked_prefetch_factor(loader.prefetch_factor)
         super().__init__(loader)
         context = loader.multiprocessing_context or multiprocessing.get_context()
         method = context.get_start_method()
         self._num_workers = loader.num_workers
-        self._prefetch = max(1, loader.prefetch_factor or 0)
         self._timeout = loader.timeout if loader.timeout > 0 else None
         self._in_order = loader.in_order
         self._persistent = loader.persistent_workers

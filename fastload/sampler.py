@@ -239,9 +239,14 @@ class WeightedRandomSampler(_SeededSampler):
 
     @weights.setter
     def weights(self, value: Sequence[float]) -> None:
-        # A copy, as torch.as_tensor(weights, dtype=double) makes of a list.
-        # asarray first: a tensor's __array__ rejects numpy 2's copy=.
-        array = np.asarray(value, dtype=np.float64).copy()
+        # As torch.as_tensor(weights, dtype=double): a float64 array (or
+        # tensor) is shared, so the caller's later edits count; anything else
+        # is converted.  A read-only one is copied: the kernels take writable
+        # buffers.  (asarray, not array(copy=): a tensor's __array__ rejects
+        # numpy 2's copy=.)
+        array = np.asarray(value, dtype=np.float64)
+        if not array.flags.writeable:
+            array = array.copy()
         if array.ndim != 1:
             raise ValueError(
                 "weights should be a 1d sequence but given "

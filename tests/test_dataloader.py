@@ -246,6 +246,32 @@ def test_iterable_dataset_rejects_samplers_like_torch(torch, kwargs):
     assert str(ours.value).split(", but got")[0] == str(theirs.value).split(", but got")[0]
 
 
+@pytest.mark.timeout(60)
+# torch's iterator __del__ trips over the attributes its failed __init__ never set.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_zero_prefetch_factor_with_workers_fails_at_iter_like_torch(torch, no_leaks):
+    # Both accept it at construction ("non-negative") and refuse it at iter().
+    theirs = torch.utils.data.DataLoader(list(range(6)), batch_size=2, num_workers=2,
+                                         prefetch_factor=0)
+    ours = DataLoader(list(range(6)), batch_size=2, num_workers=2, prefetch_factor=0)
+    with pytest.raises(AssertionError):
+        iter(theirs)
+    with pytest.raises(AssertionError, match="prefetch_factor must be greater than 0"):
+        iter(ours)
+    with pytest.raises(ValueError):  # a bad argument, by Python's conventions too
+        iter(ours)
+    # The attribute is not guarded: a valid value set afterwards works.
+    ours.prefetch_factor = 1
+    assert [batch.tolist() for batch in ours] == [[0, 1], [2, 3], [4, 5]]
+
+
+@pytest.mark.timeout(60)
+def test_non_integer_prefetch_factor_with_workers_is_a_type_error(no_leaks):
+    loader = DataLoader(list(range(6)), batch_size=2, num_workers=2, prefetch_factor=2.0)
+    with pytest.raises(TypeError, match="prefetch_factor must be an int"):
+        iter(loader)
+
+
 @pytest.mark.parametrize("attribute", ["batch_size", "batch_sampler", "sampler", "drop_last",
                                        "dataset", "persistent_workers"])
 def test_setattr_guard(torch, attribute):

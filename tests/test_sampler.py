@@ -444,6 +444,25 @@ def test_weights_edited_in_place_take_effect_as_in_torch(td):
     assert set(ours) == set(theirs) == {2}
 
 
+def test_float64_weights_are_shared_with_the_caller_as_in_torch(td):
+    # torch.as_tensor shares a float64 array's memory: the caller's later edits count.
+    mine, yours = np.array([1.0, 0.0, 0.0]), np.array([1.0, 0.0, 0.0])
+    ours = fs.WeightedRandomSampler(mine, 40, generator=0)
+    theirs = td.WeightedRandomSampler(yours, 40)
+    assert set(ours) == set(theirs) == {0}
+    mine[:] = yours[:] = [0.0, 0.0, 1.0]
+    assert set(ours) == set(theirs) == {2}
+    # Other inputs are converted, so editing the original changes nothing.
+    listed = [1.0, 0.0]
+    converted = fs.WeightedRandomSampler(listed, 20, generator=0)
+    listed[:] = [0.0, 1.0]
+    assert set(converted) == {0}
+    # A read-only array is copied (the kernels write nothing, but take writable buffers).
+    frozen = np.array([0.0, 2.0])
+    frozen.flags.writeable = False
+    assert set(fs.WeightedRandomSampler(frozen, 20, generator=0)) == {1}
+
+
 @pytest.mark.parametrize("indices", [["a", "b", "c"], [(0, 1), (2, 3)], [True, False],
                                      np.array([1, 2**63], dtype=np.uint64)], ids=repr)
 def test_subset_random_sampler_yields_any_indices_as_torch(td, indices):
