@@ -284,6 +284,19 @@ def test_normalize_uint8_input_scales_to_unit_range_first():
     assert np.allclose(out, expected, atol=1e-5)
 
 
+def test_normalize_uint8_is_bit_for_bit_torchvisions_to_tensor_then_normalize(torch):
+    # ToTensor: img.to(float32).div(255); Normalize: tensor.sub_(mean).div_(std)
+    # with mean and std as float32 tensors viewed (-1, 1, 1).
+    chw = np.arange(256 * 3, dtype=np.uint8).reshape(3, 16, 16)
+    for mean, std in [((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), ((0.5,), (0.5,))]:
+        theirs = torch.from_numpy(chw).to(dtype=torch.float32).div(255)
+        theirs.sub_(torch.as_tensor(mean, dtype=torch.float32).view(-1, 1, 1))
+        theirs.div_(torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1))
+        ours = T.Normalize(mean, std)(chw)
+        assert ours.dtype == np.float32
+        assert np.array_equal(ours, theirs.numpy()), np.abs(ours - theirs.numpy()).max()
+
+
 def test_normalize_validation_and_repr():
     x = np.zeros((3, 2, 2), np.float32)
     with pytest.raises(ValueError, match="std evaluated to zero"):
@@ -298,6 +311,8 @@ def test_normalize_validation_and_repr():
         T.Normalize([0], [1])(np.zeros((2, 2), np.float32))
     with pytest.raises(TypeError, match=r"\(\.\.\., C, H, W\)"):
         T.Normalize([0], [1])(np.zeros(4, np.float32))
+    with pytest.raises(TypeError, match="float or uint8"):  # the dtype before the 2-D check
+        T.Normalize([0], [1])(np.zeros((2, 2), np.int32))
     with pytest.raises(RuntimeError, match="has 3 channels"):
         T.Normalize([0, 0], [1, 1])(x)
     assert repr(T.Normalize([0.5], [0.2])) == "Normalize(mean=[0.5], std=[0.2])"

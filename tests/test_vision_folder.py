@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import random
 
 import numpy as np
 import pytest
@@ -128,6 +129,38 @@ def test_reassigning_samples_keeps_them_compact(layout):
     assert ds.samples == samples[9:11] and ds.imgs == samples[9:11]
     assert list(ds.targets) == [2, 2] and len(ds) == 2
     assert ds[1][1] == 2
+
+
+@pytest.mark.parametrize("change", [
+    lambda ds: ds.samples.__setitem__(0, ds.samples[1]),
+    lambda ds: ds.samples.__delitem__(0),
+    lambda ds: random.Random(0).shuffle(ds.samples),
+    lambda ds: ds.samples.append(ds.samples[0]),
+    lambda ds: ds.imgs.sort(),
+    lambda ds: ds.targets.__setitem__(0, 1),
+    lambda ds: ds.targets.pop(),
+], ids=["set", "del", "shuffle", "append", "imgs sort", "targets set", "targets pop"])
+def test_changing_samples_in_place_says_to_assign_a_list(layout, change):
+    # torchvision's samples and targets are lists that code edits in place;
+    # ours are compact tables: the error says what to do instead.
+    root, _, samples = layout
+    ds = ImageFolder(root)
+    with pytest.raises((TypeError, AttributeError), match=r"cannot be changed in place .*"
+                       r"dataset\.(samples|targets) = "):
+        change(ds)
+    assert ds.samples == samples  # nothing changed
+    # What the message suggests works.
+    relabelled = [(path, 3 - target) for path, target in ds.samples]
+    ds.samples = relabelled
+    assert ds[0][1] == 3 - samples[0][1] and list(ds.targets) == [t for _, t in relabelled]
+
+
+def test_missing_attributes_of_the_tables_are_plain_attribute_errors(layout):
+    ds = ImageFolder(layout[0])
+    for table in (ds.samples, ds.targets):
+        assert not hasattr(table, "append")
+        with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+            table.nothing
 
 
 def test_unicode_and_undecodable_file_names_round_trip(tmp_path):

@@ -31,7 +31,34 @@ _FS_ERRORS = sys.getfilesystemencodeerrors()
 _ASCII_FS = "".join(map(chr, range(128))).encode(_FS_ENCODING, _FS_ERRORS) == bytes(range(128))
 
 
-class SampleTable(Sequence):
+# list's methods that change it in place.
+_LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "sort", "reverse",
+                            "clear"})
+
+
+class _ReadOnlyRows:
+    """Tells code written for torchvision's lists, which it changes in place
+    (``targets[i] = t``, ``random.shuffle(samples)``), what to do instead."""
+
+    __slots__ = ()
+    _instead = ""
+
+    def _refusal(self, what: str) -> str:
+        return f"{type(self).__name__} cannot be changed in place ({what}): {self._instead}"
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise TypeError(self._refusal("item assignment"))
+
+    def __delitem__(self, index: Any) -> None:
+        raise TypeError(self._refusal("item deletion"))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _LIST_MUTATORS:
+            raise AttributeError(self._refusal(f".{name}()"))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class SampleTable(_ReadOnlyRows, Sequence):
     """An immutable sequence of ``(path, target)`` tuples stored as numpy arrays.
 
     Paths are kept as bytes (``os.fsencode``), so file names that are not valid
@@ -41,6 +68,9 @@ class SampleTable(Sequence):
 
     __slots__ = ("_blob", "_count", "_ends", "_labels", "_offsets", "_path_bytes", "_prefix",
                  "_targets")
+    _instead = ("a folder dataset keeps its samples in a compact table that forked workers "
+                "share without copying; assign a new list instead, e.g. dataset.samples = "
+                "[(path, target), ...] (targets and imgs follow it)")
 
     def __init__(self, prefix: str, path_bytes: np.ndarray | bytes, offsets: np.ndarray,
                  targets: np.ndarray) -> None:
@@ -187,13 +217,16 @@ class SampleTable(Sequence):
         return self._path_bytes.nbytes + self._offsets.nbytes + self._targets.nbytes
 
 
-class TargetList(Sequence):
+class TargetList(_ReadOnlyRows, Sequence):
     """A read-only list-like view of int64 targets that yields Python ints.
 
     ``np.asarray(targets)`` is a zero-copy view of the underlying array.
     """
 
     __slots__ = ("_targets",)
+    _instead = ("assign a new list instead, e.g. dataset.targets = [...]; to change the "
+                "targets __getitem__ returns, assign new samples: dataset.samples = "
+                "[(path, target), ...] (as in torchvision, __getitem__ reads samples)")
 
     def __init__(self, targets: np.ndarray) -> None:
         self._targets = targets

@@ -498,10 +498,10 @@ class Normalize:
     Float input is normalised as torchvision does (dtype kept; in place when
     ``inplace=True``).  uint8 input, as ``ToArray`` produces, is first scaled to
     [0, 1] (what torchvision's ``ToTensor`` does before ``Normalize``), so
-    ``Compose([..., ToArray(), Normalize(mean, std)])`` gives the float32 result
-    of torchvision's ``ToTensor(), Normalize(mean, std)``; ``inplace`` cannot
-    apply to it and a new float32 array is returned.  Other integer dtypes are
-    rejected.
+    ``Compose([..., ToArray(), Normalize(mean, std)])`` gives, bit for bit,
+    the float32 result of torchvision's ``ToTensor(), Normalize(mean, std)``;
+    ``inplace`` cannot apply to it and a new float32 array is returned.  Other
+    integer dtypes are rejected.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> None:
@@ -513,13 +513,16 @@ class Normalize:
         if not isinstance(array, np.ndarray):
             raise TypeError(f"Normalize takes a numpy array shaped (..., C, H, W), got "
                             f"{type(array).__name__}; put ToArray() before Normalize()")
-        if array.ndim < 3:
-            # torchvision's types: TypeError below 2 dimensions (not an image at all).
-            error = TypeError if array.ndim < 2 else ValueError
-            raise error(f"Expected an image array of shape (..., C, H, W), got shape {array.shape}")
+        # torchvision's checks, in its order and with its types: not an image
+        # at all (below 2 dimensions), then the dtype, then a 2-D image.
+        shape_error = f"Expected an image array of shape (..., C, H, W), got shape {array.shape}"
+        if array.ndim < 2:
+            raise TypeError(shape_error)
         from_uint8 = array.dtype == np.uint8
         if not from_uint8 and not np.issubdtype(array.dtype, np.floating):
             raise TypeError(f"Normalize takes a float or uint8 array, got dtype {array.dtype}")
+        if array.ndim < 3:
+            raise ValueError(shape_error)
         dtype = np.float32 if from_uint8 else array.dtype
         mean = np.asarray(self.mean, dtype=dtype).reshape(-1, 1, 1)
         std = np.asarray(self.std, dtype=dtype).reshape(-1, 1, 1)
@@ -532,12 +535,14 @@ class Normalize:
             raise RuntimeError(f"mean ({mean.shape[0]} values) and std ({std.shape[0]} values) must "
                              f"have 1 value or one per channel; the array has {channels} channels")
         if from_uint8:
-            # One pass from uint8 to float32: x/255 folded into the scale.
-            scale = (1.0 / (255.0 * std)).astype(np.float32)
-            out = np.multiply(array, scale, dtype=np.float32)
-            out -= (mean / std).astype(np.float32)
-            return out
-        out = array if self.inplace else array.copy()
+            # torchvision's ToTensor step, in its float32 operations, so the
+            # result is bit for bit ToTensor() then Normalize(): folding 1/255
+            # into the scale took one pass instead of three but differed in
+            # the last bit of two values in three.
+            out = array.astype(np.float32)
+            out /= np.float32(255)
+        else:
+            out = array if self.inplace else array.copy()
         out -= mean
         out /= std
         return out
