@@ -104,3 +104,8 @@ def resample_rows(
 ) -> None:
     """One pass of Pillow's resize along the first axis of a 2-D byte array, bit for bit:
     rows ``start..stop`` of ``src`` to ``out.shape[0]`` rows (same number of columns)."""
+
+# _text.pxi
+def join_strings(items: Any) -> str | None:
+    """``"\\0".join(items)`` when ``items`` is a non-empty list or tuple of exact ``str``
+    without NUL characters (so ``split("\\0")`` gives them back), else None."""

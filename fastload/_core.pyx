@@ -10,8 +10,10 @@ extension module so the kernels share a single import:
   collate-into-buffer copies.
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
   (the image pipeline's hot loop).
+* ``_text.pxi``: a batch's strings joined for the result pipe.
 """
 
 include "_random.pxi"
 include "_copy.pxi"
 include "_resample.pxi"
+include "_text.pxi"

@@ -11,11 +11,25 @@ which on small batches was a fifth of its work.
 The numbers are per worker, and a worker's answers arrive in the order it
 sent them, so the main process keeps one ``LayoutReceiver`` per worker and
 decodes each answer as it arrives.
+
+NOTE [ Strings travel joined ]
+A string field of the samples (a file name, a record id) collates to a list
+of str, pickled with every batch: an opcode and a memo entry per string, on
+both sides.  A list (or tuple) of plain strings without NUL characters
+travels instead as one str, the strings joined by NULs, which the main
+process splits back (``_core.join_strings`` checks what makes that exact).
+For the `dict` workload's 128 names a batch that cut the main process's
+decoding from 4.7 to 4.0 microseconds (CPU time per batch), and the worker's
+pickling too: paired alternating runs of the `epoch_costs.py` loop, 40
+epochs a run, made `dict` epochs 1.8 % shorter at the median with persistent
+workers (12 pairs, 12 faster) and 1.6 % with new ones (12 pairs, 10 faster).
 """
 
 from __future__ import annotations
 
 import pickle
+
+from fastload._core import join_strings
 from fastload.collate import BatchLayout
 
 __all__ = ["LayoutSender", "LayoutReceiver"]
@@ -63,7 +77,28 @@ class LayoutSender:
 
 
 def _pickle_values(values: list) -> bytes | None:
-    return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL) if values else None
+    """The values of a batch's ``Value`` leaves as ``(values, joined)``, where
+    ``joined`` lists ``(position, was_tuple)`` of the values sent as one joined
+    str (NOTE [ Strings travel joined ])."""
+    if not values:
+        return None
+    sent, joined = [], []
+    for position, value in enumerate(values):
+        text = join_strings(value)
+        if text is None:
+            sent.append(value)
+        else:
+            sent.append(text)
+            joined.append((position, type(value) is tuple))
+    return pickle.dumps((sent, joined), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpickle_values(data: bytes) -> list:
+    values, joined = pickle.loads(data)
+    for position, was_tuple in joined:
+        strings = values[position].split("\0")
+        values[position] = tuple(strings) if was_tuple else strings
+    return values
 
 
 class LayoutReceiver:
@@ -74,7 +109,7 @@ class LayoutReceiver:
 
     def decode(self, wire: tuple[int, bytes | None, bytes | None]) -> tuple[BatchLayout, list | None]:
         layout_id, structure, values_bytes = wire
-        values = pickle.loads(values_bytes) if values_bytes is not None else None
+        values = _unpickle_values(values_bytes) if values_bytes is not None else None
         if structure is None:
             return self._layouts[layout_id], values
         layout = pickle.loads(structure)

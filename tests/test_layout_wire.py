@@ -48,7 +48,8 @@ def test_a_repeated_layout_is_sent_once_and_values_still_arrive():
     assert wires[0][1] is not None                  # the layout, once
     assert wires[1][1] is None and wires[2][1] is None
     assert wires[0][0] == wires[1][0] == wires[2][0]
-    assert pickle.loads(wires[2][2]) == [[f"r{i}" for i in range(16, 24)]]  # one leaf's values
+    # One leaf's values: its eight names, joined into one string.
+    assert pickle.loads(wires[2][2]) == (["\0".join(f"r{i}" for i in range(16, 24))], [(0, False)])
 
 
 def test_changed_layouts_get_their_own_numbers_and_old_ones_are_reused():
@@ -133,3 +134,56 @@ def test_workers_rebuild_batches_whose_layout_keeps_changing():
     multi = [flatten(b) for b in DataLoader(Changing(), batch_size=3, num_workers=2,
                                             persistent_workers=True)]
     assert len(single) == 2 * (_MAX_LAYOUTS + 10) and multi == single
+
+
+class Tag(str):
+    """A str subclass: must come back as itself, so it is never joined."""
+
+
+@pytest.mark.parametrize("names, joined", [
+    (["a", "bb", "", "ccc"], True),
+    (["", ""], True),
+    (["only"], True),
+    (["é", "日本", "\udcff"], True),          # any code point, lone surrogates too
+    (["a\0b", "c"], False),                  # a NUL would split it
+    (["a", Tag("b")], False),                 # a subclass would come back as str
+    (["a", 1, None], False),                  # torch keeps whatever follows a first str
+], ids=["plain", "empty strings", "one", "unicode", "nul", "subclass", "mixed"])
+def test_string_fields_come_back_exactly(names, joined):
+    # A mapping's strings collate to a list, a sequence's (torch's zip) to a tuple.
+    for samples, path in (([{"name": n} for n in names], "name"), ([(n,) for n in names], 0)):
+        layout, buffer = collate_into(samples)
+        expected = layout.build(buffer)[path]
+        wire = pickle.loads(pickle.dumps(LayoutSender().encode(layout)))
+        rebuilt, values = LayoutReceiver().decode(wire)
+        got = rebuilt.build(buffer, values)[path]
+        assert type(got) is type(expected) and list(got) == list(expected)
+        assert [type(v) for v in got] == [type(v) for v in expected]
+        sent, joined_positions = pickle.loads(wire[2])
+        assert bool(joined_positions) == joined
+
+
+def test_several_value_leaves_each_come_back_in_place():
+    samples = [{"a": f"a{i}", "b": (f"b{i}", Tag(f"t{i}")), "c": i, "d": f"d{i}"}
+               for i in range(5)]
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    for _ in range(2):  # the layout whole, then by number
+        layout, buffer = collate_into(samples)
+        expected = flatten(layout.build(buffer))
+        wire = pickle.loads(pickle.dumps(sender.encode(layout)))
+        rebuilt, values = receiver.decode(wire)
+        batch = rebuilt.build(buffer, values)
+        assert flatten(batch) == expected
+        assert all(type(t) is Tag for t in batch["b"][1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_string_fields_match_torch(torch, num_workers):
+    data = [{"path": f"img/{i:03d}.jpg", "pair": (f"l{i}", f"r{i}"), "id": i} for i in range(10)]
+    ours = list(DataLoader(data, batch_size=4, num_workers=num_workers))
+    theirs = list(torch.utils.data.DataLoader(data, batch_size=4))
+    for mine, yours in zip(ours, theirs, strict=True):
+        assert mine["path"] == yours["path"] and type(mine["path"]) is list
+        assert [type(part) for part in mine["pair"]] == [type(part) for part in yours["pair"]]
+        assert [list(part) for part in mine["pair"]] == [list(part) for part in yours["pair"]]
+        assert mine["id"].tolist() == yours["id"].tolist()
