@@ -449,6 +449,14 @@ def _check_options(options: Any) -> None:
         if not os.access(directory, os.W_OK):
             raise SystemExit(f"fastload bench: --plot {options.plot!r}: directory {directory!r} "
                              f"is not writable")
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        extension = os.path.splitext(options.plot)[1][1:].lower()
+        if extension and extension not in formats:  # none: matplotlib's default, PNG
+            raise SystemExit(f"fastload bench: --plot {options.plot!r}: matplotlib cannot write "
+                             f"'.{extension}' files; use one of "
+                             f"{', '.join('.' + name for name in sorted(formats))}")
 
 
 def _line(label: str, result: dict, limit: float | None = None) -> str:
@@ -490,7 +498,13 @@ def _measure_and_report(options: Any) -> int:
     else:
         root = options.root
         origin = "given folder"
-    folder = _image_folder(root)
+    try:
+        folder = _image_folder(root)
+    except FileNotFoundError as error:
+        # torchvision's messages: "no valid file" names only the classes.
+        if str(root) not in str(error):
+            raise FileNotFoundError(f"{root}: {error}") from error
+        raise
     count = len(folder) if options.max_images is None else min(options.max_images, len(folder))
     rounds = options.rounds or (3 if options.compare else 1)
     print(f"fastload bench: {root}\n  {origin}; {count} of {len(folder)} images in "

@@ -148,7 +148,7 @@ def test_bench_names_folder_problems_without_a_traceback(tmp_path):
     (corrupt / "cat").mkdir(parents=True)
     (corrupt / "cat" / "broken.jpg").write_bytes(b"not a jpeg")
     for root, expected in ((empty, f"Couldn't find any class folder in {empty}"),
-                           (no_images, "Found no valid file for the classes cat"),
+                           (no_images, f"{no_images}: Found no valid file for the classes cat"),
                            (corrupt, f"cannot load sample 0 from '{corrupt / 'cat' / 'broken.jpg'}'")):
         done = run_cli("bench", str(root), "--workers", "0", "--no-progress")
         assert done.returncode == 1, done.stderr
@@ -160,6 +160,8 @@ def test_bench_names_folder_problems_without_a_traceback(tmp_path):
     (("--plot", "/nonexistent-dir/scaling.png"), "--plot '/nonexistent-dir/scaling.png': directory "
                                                  "'/nonexistent-dir' does not exist"),
     (("--images", "3", "--classes", "5"), "--images (3) must be at least --classes (5)"),
+    (("--plot", "scaling.txt"), "--plot 'scaling.txt': matplotlib cannot write '.txt' files; "
+                                "use one of "),
 ])
 def test_bench_rejects_options_before_measuring(tiny_folder, args, expected):
     root = () if "--images" in args else (tiny_folder,)
