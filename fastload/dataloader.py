@@ -486,7 +486,7 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
 
 
 class PrefetchFactorError(ValueError, AssertionError):
-    """``prefetch_factor`` is 0 with workers; torch asserts it is positive at ``iter()``."""
+    """``prefetch_factor`` below 1 with workers; torch asserts it is positive at ``iter()``."""
 
 
 def _checked_prefetch_factor(prefetch_factor: Any) -> int:

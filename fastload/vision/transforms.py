@@ -537,7 +537,7 @@ class Normalize:
         if from_uint8:
             # torchvision's ToTensor step, in its float32 operations, so the
             # result is bit for bit ToTensor() then Normalize(): folding 1/255
-            # into the scale took one pass instead of three but differed in
+            # into the scale saved two passes over the image but differed in
             # the last bit of two values in three.
             out = array.astype(np.float32)
             out /= np.float32(255)
