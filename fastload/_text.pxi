@@ -1,10 +1,5 @@
-# Strings on their way to the main process: a batch's list of names.
-#
-# A batch of samples with a string field (a file name, a record id) collates
-# to a list of str that crosses the result pipe with every batch.  Pickled,
-# that is one opcode and one memo entry per string on each side; joined into
-# one str, it is one copy to pickle and one ``split`` to rebuild, both in C
-# (see NOTE [ Strings travel joined ] in fastload/layout_wire.py).
+# Strings on their way to the main process: a batch's list of names travels
+# joined into one str (NOTE [ Strings travel joined ] in fastload/layout_wire.py).
 
 
 def join_strings(object items):

@@ -159,7 +159,7 @@ def test_string_fields_come_back_exactly(names, joined):
         got = rebuilt.build(buffer, values)[path]
         assert type(got) is type(expected) and list(got) == list(expected)
         assert [type(v) for v in got] == [type(v) for v in expected]
-        sent, joined_positions = pickle.loads(wire[2])
+        _, joined_positions = pickle.loads(wire[2])
         assert bool(joined_positions) == joined
 
 
