@@ -61,8 +61,18 @@ _SCALAR_INT = _core.SCALAR_INT
 _SCALAR_FLOAT = _core.SCALAR_FLOAT
 _SCALAR_BOOL = _core.SCALAR_BOOL
 _SCALAR_NUMPY = _core.SCALAR_NUMPY
-_CAST_ARRAY = 10  # arrays of mixed dtypes, promoted (torch.stack promotes too)
-_TENSOR = 11      # torch tensors, stacked as torch.stack does (its promotion rules)
+_CAST_ARRAY = 10    # arrays of mixed dtypes, promoted (torch.stack promotes too)
+_TENSOR = 11        # torch tensors, stacked as torch.stack does (its promotion rules)
+_CAST_SCALARS = 12  # numbers of mixed types, promoted as torch.tensor(batch) does
+
+
+class StructureMismatchError(TypeError, RuntimeError):
+    """A sample's leaf is not what the first sample's is (e.g. None where it had a number).
+
+    A ``TypeError`` for what it is, and a ``RuntimeError`` because that is
+    what torch raises there ("Could not infer dtype of NoneType"), so code
+    written against either catches it.
+    """
 
 
 def _align(n: int) -> int:
@@ -272,18 +282,21 @@ class SequenceNode:
 class BatchLayout:
     """The tree of one batch plus the bytes its arrays need.
 
-    ``length_checks`` lists the sequence nodes whose length every sample must
-    share (torch's "each element in list of batch should be of equal size");
-    it matters only while filling, so it is not pickled.
+    ``length_checks`` lists ``(path, length)`` of the sequence nodes whose
+    length every sample must share (torch's "each element in list of batch
+    should be of equal size"), and ``(path, None)`` of empty mappings, which
+    every sample must merely have; it matters only while filling, so it is
+    not pickled.
     """
 
-    __slots__ = ("root", "nbytes", "length_checks", "_value_leaves")
+    __slots__ = ("root", "nbytes", "length_checks", "_value_leaves", "_as_torch")
 
     def __init__(self, root: Any, length_checks: list | None = None) -> None:
         self.root = root
         self.nbytes = 0
         self.length_checks = length_checks or []
         self._value_leaves: list | None = None
+        self._as_torch = False
 
     def __reduce__(self):
         return (_rebuild_layout, (self.root, self.nbytes))
@@ -327,6 +340,20 @@ class BatchLayout:
         for leaf in leaves:
             leaf.value = None
         return values
+
+    def as_torch(self) -> "BatchLayout":
+        """Make ``build`` give torch tensors for every array (``output="torch"``).
+
+        Only the arrays: the ``Value`` leaves stay what torch's collate leaves
+        them (an array beside a string in a list is still an array).  Marked
+        once; the main process keeps a worker's layouts for its later batches.
+        """
+        if not self._as_torch:
+            for leaf in self.leaves():
+                if isinstance(leaf, ArraySlot):
+                    leaf.as_torch = True
+            self._as_torch = True
+        return self
 
     def build(self, buffer: np.ndarray, values: list | None = None) -> Any:
         """The batch, its arrays viewing ``buffer``; ``values`` fill the ``Value`` leaves
@@ -405,6 +432,9 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
         return ArraySlot(_numpy_dtype_of(elem.dtype), (n,) + tuple(elem.shape), path, _TENSOR,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
+        if not elem:
+            # No leaf will look it up, but torch does: every sample must have it.
+            length_checks.append((path, None))
         return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks, tensors)
                                   for key in elem])
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
@@ -442,6 +472,7 @@ def plan_collate(samples: Sequence) -> BatchLayout:
 
 def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
     """Re-walk ``path`` sample by sample to say which sample lacks which key."""
+    nodes = []
     for i, sample in enumerate(samples):
         node = sample
         for depth, key in enumerate(path):
@@ -449,10 +480,27 @@ def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
                 node = node[key]
             except (KeyError, IndexError, TypeError) as exc:
                 where = format_path(path[:depth], i)
-                return type(exc)(f"default_collate: {where} has no item {key!r}, but "
-                                 f"{format_path(path[:depth], 0)} does ({exc!r}); every sample "
-                                 f"must have the structure of the first")
-    return error
+                return _retyped(exc, f"default_collate: {where} has no item {key!r}, but "
+                                     f"{format_path(path[:depth], 0)} does ({exc!r}); every "
+                                     f"sample must have the structure of the first")
+        nodes.append(node)
+    # Every sample has the leaf: one of another kind failed (e.g. len() of an int).
+    other = next((i for i, node in enumerate(nodes) if type(node) is not type(nodes[0])), None)
+    if other is not None:
+        return _retyped(error, f"default_collate: {format_path(path, other)} is "
+                               f"{type(nodes[other]).__name__}, but {format_path(path, 0)} is "
+                               f"{type(nodes[0]).__name__}; every sample must have the "
+                               f"structure of the first ({error})")
+    return _retyped(error, f"default_collate: at {format_path(path)}: {error}")
+
+
+def _retyped(error: Exception, message: str) -> Exception:
+    """``error``'s type with ``message``; its built-in base when the type takes other arguments."""
+    try:
+        return type(error)(message)
+    except Exception:
+        base = next(kind for kind in (KeyError, IndexError, TypeError) if isinstance(error, kind))
+        return base(message)
 
 
 # torch's type promotion goes by category first: the highest category present
@@ -491,21 +539,32 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
 def _is_number(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim == 0 and value.dtype.kind in "biufc"
-    return isinstance(value, (bool, int, float, np.bool_, np.number))
+    return isinstance(value, (bool, int, float, complex, np.bool_, np.number))
+
+
+# torch has uint16, uint32 and uint64 but few promotion rules for them: mixed
+# with anything but a float dtype, torch.stack and torch.tensor raise.
+_UNPROMOTABLE = frozenset(np.dtype(name) for name in ("u2", "u4", "u8"))
 
 
 def torch_promote(dtypes: list) -> np.dtype:
-    """The dtype torch gives when it stacks or tensorises values of ``dtypes``."""
+    """The dtype torch gives when it stacks or tensorises values of ``dtypes``.
+
+    Raises ``RuntimeError``, as torch does, for uint16/32/64 mixed with
+    another dtype that is not a float.
+    """
+    distinct = list(dict.fromkeys(dtypes))
+    if len(distinct) > 1 and _UNPROMOTABLE.intersection(distinct):
+        for wide in (d for d in distinct if d in _UNPROMOTABLE):
+            other = next((d for d in distinct if d != wide and d.kind != "f"), None)
+            if other is not None:
+                raise RuntimeError(f"Promotion for uint16, uint32, uint64 types is not "
+                                   f"supported, attempted to promote {wide} and {other}")
     top = max(_CATEGORY.get(d.kind, 2) for d in dtypes)
-    return np.result_type(*(d for d in dtypes if _CATEGORY.get(d.kind, 2) == top))
-
-
-def _scalar_promotion(values: list, kind: int) -> np.dtype:
-    """The dtype torch.tensor / torch.as_tensor would give a batch of mixed scalars."""
-    if kind == _SCALAR_FLOAT:
-        return np.dtype(np.float64)  # torch.tensor(batch, dtype=torch.float64)
-    # Every value is a number here (checked by the caller).
-    return torch_promote([_as_tensor_dtype(v) for v in values])
+    # A complex result keeps the floats' precision (complex64 with float64 is
+    # complex128 in torch too); integers never widen a float or a complex.
+    lowest = _CATEGORY["f"] if top == _CATEGORY["c"] else top
+    return np.result_type(*(d for d in dtypes if _CATEGORY.get(d.kind, 2) >= lowest))
 
 
 def _overflow(where: str, value: Any) -> ValueError:
@@ -514,15 +573,25 @@ def _overflow(where: str, value: Any) -> ValueError:
 
 
 def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
-    """Slow path for leaves torch would promote: per-sample numpy assignment."""
+    """Slow path for leaves torch would promote: per-sample numpy assignment.
+
+    Beside an array, torch turns each value into a tensor of its own first
+    (``torch.as_tensor``: a Python float becomes float32, rounded, before the
+    stack widens it again); a batch of numbers is one ``torch.tensor(batch)``
+    of the promoted dtype.
+    """
     values = _core.collect_leaf_objects(list(samples), leaf.path)
     row_shape = leaf.shape[1:]
+    each_as_tensor = leaf.kind == _CAST_ARRAY
     for i, value in enumerate(values):
         if _is_torch_tensor(value):
             value = tensor_as_numpy(value)
         try:
-            array = np.asarray(value, dtype=leaf.dtype) if not isinstance(value, np.ndarray) \
-                else value
+            if isinstance(value, np.ndarray):
+                array = value
+            else:
+                own = _as_tensor_dtype(value) if each_as_tensor else None
+                array = np.asarray(value, dtype=own or leaf.dtype)
         except OverflowError:
             raise _overflow(format_path(leaf.path, i), value) from None
         except (TypeError, ValueError):
@@ -569,7 +638,7 @@ def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
 def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     """Fill one array leaf; return False when the leaf had to be promoted (re-plan)."""
     out = leaf.view(buffer)
-    if leaf.kind == _CAST_ARRAY:
+    if leaf.kind == _CAST_ARRAY or leaf.kind == _CAST_SCALARS:
         _fill_cast(samples, leaf, out)
         return True
     if leaf.kind == _TENSOR:
@@ -584,9 +653,20 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     if code == _core.COPY_OK:
         return True
     where, first = format_path(leaf.path, index), format_path(leaf.path, 0)
-    values = _core.collect_leaf_objects(samples, leaf.path)
+    try:
+        values = _core.collect_leaf_objects(samples, leaf.path)
+    except (KeyError, IndexError, TypeError) as exc:  # a later sample lacks the leaf
+        raise _walk_error(samples, leaf.path, exc) from exc
     bad = values[index]
     if leaf.kind == _ARRAY:
+        # torch makes a tensor of each array before stacking: an array of
+        # strings or objects fails there, whatever its shape.
+        not_data = next((i for i, value in enumerate(values) if isinstance(value, np.ndarray)
+                         and (_STR_OBJ_DTYPE.search(value.dtype.str) or value.dtype.hasobject)),
+                        None)
+        if not_data is not None:
+            raise TypeError(_ERR_FORMAT.format(values[not_data].dtype)
+                            + f" (at {format_path(leaf.path, not_data)})")
         if code == _core.COPY_BAD_SHAPE:
             raise RuntimeError(f"default_collate: {where}: shape {tuple(bad.shape)} != "
                                f"{leaf.shape[1:]} of {first}; stacked arrays must all have "
@@ -597,26 +677,49 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
         for i, value in enumerate(values):
             dtype = _as_tensor_dtype(value)
             if dtype is None:
-                raise TypeError(f"default_collate: {format_path(leaf.path, i)} is "
-                                f"{type(value).__name__}, but {first} is a numpy array; "
-                                f"every sample must have the structure of the first")
+                raise StructureMismatchError(
+                    f"default_collate: {format_path(leaf.path, i)} is {type(value).__name__}, "
+                    f"but {first} is a numpy array; every sample must have the structure of "
+                    f"the first")
             dtypes.append(dtype)
-        leaf.dtype = torch_promote(dtypes)
+        leaf.dtype = _promote_at(leaf, dtypes)
         leaf.kind = _CAST_ARRAY
         return False
-    if code == _core.COPY_OVERFLOW:
-        raise _overflow(where, bad)
     # Promotion makes one tensor of them all, as torch.tensor(batch) does: every
     # value must be a number (a 0-d array counts), not only the one that differed.
     wrong = next((i for i, value in enumerate(values) if not _is_number(value)), None)
     if wrong is not None:
-        raise TypeError(f"default_collate: {format_path(leaf.path, wrong)} is "
-                        f"{type(values[wrong]).__name__}, but {first} is "
-                        f"{type(values[0]).__name__}; every sample must have the structure "
-                        f"of the first")
-    leaf.dtype = _scalar_promotion(values, leaf.kind)
-    leaf.kind = _CAST_ARRAY
+        raise StructureMismatchError(
+            f"default_collate: {format_path(leaf.path, wrong)} is {type(values[wrong]).__name__}, "
+            f"but {first} is {type(values[0]).__name__}; every sample must have the structure "
+            f"of the first")
+    if leaf.kind == _SCALAR_FLOAT:
+        dtype = np.dtype(np.float64)  # torch.tensor(batch, dtype=torch.float64)
+        complex_at = next((i for i, value in enumerate(values)
+                           if _as_tensor_dtype(value).kind == "c"), None)
+        if complex_at is not None:
+            # torch raises for a Python complex or a 0-d array (and drops the
+            # imaginary part of a numpy complex scalar, with a warning).
+            raise TypeError(f"default_collate: {format_path(leaf.path, complex_at)} is "
+                            f"complex, but {first} is a float: a batch of floats cannot hold "
+                            f"it (torch.tensor(batch, dtype=torch.float64))")
+    else:
+        dtype = _promote_at(leaf, [_as_tensor_dtype(value) for value in values])
+    if code == _core.COPY_OVERFLOW and dtype.kind in "biu":
+        # Past int64 only matters when the batch stays integer: beside a float
+        # torch makes float32 of it all.
+        raise _overflow(where, bad)
+    leaf.dtype = dtype
+    leaf.kind = _CAST_SCALARS
     return False
+
+
+def _promote_at(leaf: ArraySlot, dtypes: list) -> np.dtype:
+    """``torch_promote`` for one leaf, its refusal naming the leaf."""
+    try:
+        return torch_promote(dtypes)
+    except RuntimeError as exc:
+        raise RuntimeError(f"default_collate: {format_path(leaf.path)}: {exc}") from None
 
 
 def private_buffer(nbytes: int) -> np.ndarray:
@@ -637,6 +740,9 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
     layout = plan_collate(samples)
     for path, expected in layout.length_checks:
         try:
+            if expected is None:  # an empty mapping: only its presence is checked
+                _core.collect_leaf_objects(samples, path)
+                continue
             index = _core.first_length_mismatch(samples, path, expected)
         except (KeyError, IndexError, TypeError) as exc:
             raise _walk_error(samples, path, exc) from exc
@@ -730,36 +836,75 @@ def pack_into(obj: Any, allocate: Callable[[int], np.ndarray] = private_buffer
 def default_convert(data: Any) -> Any:
     """torch's ``default_convert`` in numpy: arrays stay arrays, numpy scalars
     become 0-d arrays, containers are converted element-wise (a tuple
-    becoming a list, as torch does)."""
-    data_type = type(data)
-    if isinstance(data, np.ndarray):
-        return data
-    if isinstance(data, np.generic) and not isinstance(data, (np.str_, np.bytes_)):
-        return np.asarray(data)
+    becoming a list, as torch does).
+
+    Data that holds torch tensors is converted as torch converts it: every
+    array and numpy scalar becomes a tensor (as ``default_collate`` makes a
+    batch of such samples torch's batch).
+    """
+    holds_tensors: list = []
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
+            return np.asarray(value)
+        if not holds_tensors and _is_torch_tensor(value):
+            holds_tensors.append(True)
+        return value
+
+    converted = _convert_containers(data, leaf, tuples_as_lists=True)
+    return to_torch(converted) if holds_tensors else converted
+
+
+def _convert_containers(data: Any, leaf: Callable[[Any], Any], tuples_as_lists: bool) -> Any:
+    """torch's ``default_convert`` recursion, with ``leaf`` for what is not a container.
+
+    Mappings are cloned and updated (a defaultdict keeps its factory, a dict
+    subclass its attributes) or rebuilt from a dict, namedtuples stay
+    namedtuples, tuples become lists (``tuples_as_lists``, torch's rule) or
+    stay tuples, other sequences are cloned or rebuilt; a type that cannot be
+    rebuilt so gives a dict or a list.
+    """
+    if isinstance(data, (np.ndarray, np.generic, str, bytes)) or _is_torch_tensor(data):
+        return leaf(data)
+
+    def convert(item: Any) -> Any:
+        return _convert_containers(item, leaf, tuples_as_lists)
+
     if isinstance(data, collections.abc.Mapping):
+        converted = {key: convert(data[key]) for key in data}
         try:
             if isinstance(data, collections.abc.MutableMapping):
                 clone = copy.copy(data)
-                clone.update({key: default_convert(data[key]) for key in data})
+                clone.update(converted)
                 return clone
-            return data_type({key: default_convert(data[key]) for key in data})
+            return type(data)(converted)
         except TypeError:
-            return {key: default_convert(data[key]) for key in data}
+            return converted
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return data_type(*(default_convert(item) for item in data))
-    if isinstance(data, tuple):
-        return [default_convert(item) for item in data]
-    if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
+        return type(data)(*(convert(item) for item in data))
+    if type(data) is tuple:
+        items = [convert(item) for item in data]
+        return items if tuples_as_lists else tuple(items)
+    if isinstance(data, tuple):  # a tuple subclass: torch's rule gives a list too
+        items = [convert(item) for item in data]
+        if tuples_as_lists:
+            return items
+        try:
+            return type(data)(items)
+        except TypeError:
+            return tuple(items)
+    if isinstance(data, collections.abc.Sequence):
+        items = [convert(item) for item in data]
         try:
             if isinstance(data, collections.abc.MutableSequence):
                 clone = copy.copy(data)
-                for i, item in enumerate(data):
-                    clone[i] = default_convert(item)
+                for i, item in enumerate(items):
+                    clone[i] = item
                 return clone
-            return data_type([default_convert(item) for item in data])
+            return type(data)(items)
         except TypeError:
-            return [default_convert(item) for item in data]
-    return data
+            return items
+    return leaf(data)
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -800,21 +945,23 @@ def _numpy_dtype_of(torch_dtype: Any) -> np.dtype:
     return tensor_as_numpy(torch.empty((), dtype=torch_dtype)).dtype
 
 
-def to_torch(batch: Any) -> Any:
-    """Replace every numpy array in ``batch`` by a torch tensor sharing its memory."""
+def to_torch(data: Any) -> Any:
+    """``data`` with every numpy array (bar strings and objects) and numpy scalar
+    a tensor, sharing the array's memory; containers keep their types (rebuilt
+    as torch's ``default_convert`` rebuilds them, tuples staying tuples).
+
+    For ``output="torch"`` where no batch layout says which leaves are data
+    (``batch_size=None``, a custom ``collate_fn``); ``BatchLayout.as_torch``
+    does it for collated batches.
+    """
     import torch
 
-    if isinstance(batch, np.ndarray):
-        if batch.dtype.kind in "SaUO":
-            return batch
-        return torch.from_numpy(batch)
-    if isinstance(batch, np.generic) and not isinstance(batch, (np.str_, np.bytes_)):
-        return torch.as_tensor(batch)
-    if isinstance(batch, dict):
-        return type(batch)((key, to_torch(value)) for key, value in batch.items()) \
-            if type(batch) is not dict else {key: to_torch(value) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(to_torch(item) for item in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_torch(item) for item in batch)
-    return batch
+    def leaf(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return value if _STR_OBJ_DTYPE.search(value.dtype.str) is not None \
+                else torch.as_tensor(value)
+        if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
+            return torch.as_tensor(value)
+        return value
+
+    return _convert_containers(data, leaf, tuples_as_lists=False)

@@ -354,7 +354,11 @@ class _BaseIter:
     def __init__(self, loader: DataLoader) -> None:
         self._source = BatchSource(loader.dataset, loader._iterable, loader._auto_collation,
                                    loader.collate_fn, loader.batch_size, loader.drop_last)
-        self._to_torch = loader.output == "torch"
+        # output="torch": a collated batch's layout says which leaves are data
+        # (BatchLayout.as_torch); anything else is converted as torch's
+        # default_convert would (to_torch).
+        self._source.as_torch = loader.output == "torch" and self._source.default_collate
+        self._to_torch = loader.output == "torch" and not self._source.default_collate
         self._dataset = loader.dataset
         self._iterable = loader._iterable
         self._loader_workers = loader.num_workers
@@ -688,6 +692,8 @@ class _MultiProcessIter(_BaseIter):
                 worker, (kind, batch_no, slot_id, _, payload) = ready
                 if kind == "batch":
                     layout, values = payload
+                    if self._source.as_torch:
+                        layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
                     self.progress.hand(batch_no)
                     self._dispatch()

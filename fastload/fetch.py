@@ -53,6 +53,8 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     return dataset.arrays, (None if row_map is None else np.ascontiguousarray(row_map, np.int64))
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
 # Batch sizes whose ArrayDataset layout a BatchSource keeps (usually two: full and last).
 _KEPT_ARRAY_LAYOUTS = 16
 
@@ -74,6 +76,8 @@ class BatchSource:
         self._array_layouts: dict[int, BatchLayout] = {}
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
+        # output="torch" in the main process: collated batches are built as tensors.
+        self.as_torch = False
         self._base_seed = 0
         self._iterator = None
         self._exhausted = False
@@ -117,10 +121,23 @@ class BatchSource:
         dataset = self.dataset
         return [dataset[key] for key in keys]
 
-    def _gather_arrays(self, indices: Any, allocate: Callable[[int], np.ndarray]
+    def _integer_rows(self, indices: Any) -> np.ndarray | None:
+        """``indices`` as a flat integer array for the gather kernel, or None when
+        they are not all integers (a float, a string, a bool): then the batch
+        is made sample by sample, so the dataset's own indexing answers, as
+        torch's ``TensorDataset`` does, instead of a cast truncating 1.7 to 1."""
+        if self._arrays is None:
+            return None
+        rows = np.asarray(indices)
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or (rows.dtype.kind == "u" and rows.size
+                                                              and rows.max() > _INT64_MAX):
+            return None
+        return rows
+
+    def _gather_arrays(self, rows: np.ndarray, allocate: Callable[[int], np.ndarray]
                        ) -> tuple[BatchLayout, np.ndarray]:
         arrays, row_map = self._arrays
-        rows = np.asarray(indices, dtype=np.int64)
+        rows = rows.astype(np.int64, copy=False)
         if row_map is not None:
             rows = row_map[rows]
         rows = np.ascontiguousarray(rows)
@@ -146,17 +163,22 @@ class BatchSource:
     def make(self, batch_no: int, indices: Any, kernel_batch: bool) -> Any:
         """One batch as the caller sees it (single-process loading); see ``_fetch``."""
         seed_transform_rng(self._base_seed, batch_no)
-        if self._arrays is not None:
-            layout, buffer = self._gather_arrays(indices, private_buffer)
-            return layout.build(buffer)
-        return self.collate_fn(self._fetch(indices, kernel_batch))
+        rows = self._integer_rows(indices)
+        if rows is not None:
+            layout, buffer = self._gather_arrays(rows, private_buffer)
+        elif self.default_collate and self.as_torch:
+            layout, buffer = collate_into(self._fetch(indices, kernel_batch))
+        else:
+            return self.collate_fn(self._fetch(indices, kernel_batch))
+        return (layout.as_torch() if self.as_torch else layout).build(buffer)
 
     def make_into(self, batch_no: int, indices: Any, kernel_batch: bool,
                   allocate: Callable[[int], np.ndarray]) -> BatchLayout:
         """One batch written into ``allocate``'s buffer; returns its layout (workers)."""
         seed_transform_rng(self._base_seed, batch_no)
-        if self._arrays is not None:
-            return self._gather_arrays(indices, allocate)[0]
+        rows = self._integer_rows(indices)
+        if rows is not None:
+            return self._gather_arrays(rows, allocate)[0]
         data = self._fetch(indices, kernel_batch)
         if self.default_collate:
             return collate_into(data, allocate)[0]

@@ -27,6 +27,11 @@ def assert_same_as_torch(ours, theirs, path="batch", tensors=False):
         assert ours.shape == expected.shape, f"{path}: shape {ours.shape} != torch's {expected.shape}"
         np.testing.assert_array_equal(ours, expected, err_msg=path)
         return
+    if isinstance(theirs, np.ndarray):  # a leaf torch left alone (beside a string, say)
+        assert type(ours) is np.ndarray, f"{path}: {type(ours)} is not an ndarray"
+        assert ours.dtype == theirs.dtype, f"{path}: dtype {ours.dtype} != torch's {theirs.dtype}"
+        np.testing.assert_array_equal(ours, theirs, err_msg=path)
+        return
     if isinstance(theirs, collections.abc.Mapping):
         assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
         assert list(ours.keys()) == list(theirs.keys()), path

@@ -15,8 +15,10 @@ Known, deliberate differences from torch (asserted as such below):
 
 * numpy dtypes torch refuses are collated: structured, datetime64,
   longdouble, big-endian arrays, negative strides, uint64 scalars;
-* arrays (and numpy scalars) of mixed dtypes promote with numpy's rules where
-  torch uses its own (see ``MIXED_PROMOTION``).
+* ``np.bool_`` beside integers is promoted (torch's ``as_tensor`` raises a
+  ``TypeError`` on such a list).
+
+Mixed dtypes promote with torch's rules, not numpy's (``MIXED_PROMOTION``).
 """
 
 from __future__ import annotations
@@ -375,6 +377,26 @@ MIXED_PROMOTION = [
     ("i32arr_floatlist", [np.zeros(2, "i4"), [1.5, 2.5]], "float32", "float32"),
     ("np_scalar_arr0d", [np.int64(3), np.array(4)], "int64", "int64"),
     ("pyint_arr0d", [3, np.array(4)], "int64", "int64"),
+    # A complex result keeps a float64's precision; integers never widen it.
+    ("c64_f64", [np.zeros(2, "c8"), np.ones(2, "f8")], "complex128", "complex128"),
+    ("np_c64_np_f64", [np.complex64(1 + 1j), np.float64(2.5)], "complex128", "complex128"),
+    ("arr0d_f64_pycomplex", [np.array(2.5), 1 + 1j], "complex128", "complex128"),
+    ("c64_i64", [np.zeros(2, "c8"), np.ones(2, "i8")], "complex64", "complex64"),
+    ("c64_f16", [np.zeros(2, "c8"), np.ones(2, "f2")], "complex64", "complex64"),
+    # A Python complex after other numbers: torch.tensor(batch) infers complex64.
+    ("pyint_pycomplex", [1, 2 + 1j], "complex64", "complex64"),
+    ("bool_pycomplex", [True, 1j], "complex64", "complex64"),
+    ("np_u8_pycomplex", [np.uint8(3), 1j], "complex64", "complex64"),
+    # Beside an array, a Python float is torch.as_tensor'ed to float32 first:
+    # its value is rounded to float32 before the stack widens it (the values
+    # are compared below).
+    ("f64arr0d_pyfloat", [np.array(1.0), 2.123456789012345], "float64", "float64"),
+    ("f64arr_floatlist", [np.zeros(2), [0.1, 2.123456789012345]], "float64", "float64"),
+    ("c128arr0d_pycomplex", [np.array(1 + 1j), 0.1 + 2.123456789012345j], "complex128",
+     "complex128"),
+    # Past int64 beside a float: the batch is float32, no overflow.
+    ("bigint_float", [2**63 + 5, 0.5], "float32", "float32"),
+    ("u16_u16", [np.zeros(2, "u2"), np.ones(2, "u2")], "uint16", "uint16"),
 ]
 
 
@@ -412,9 +434,8 @@ def test_mixed_dtypes_leave_other_leaves_intact():
 
 
 def test_np_float64_after_python_int_keeps_float64(torch):
-    # BUG: torch gives float64 (np.float64 is a numpy scalar); ours gives
-    # float32 -- _scalar_promotion treats any float after a Python int as
-    # torch's *default* dtype, losing np.float64 precision.
+    # torch gives float64 (np.float64 is a numpy scalar), not its default
+    # float32, which a Python float after a Python int would get.
     batch = [1, np.float64(0.1)]
     theirs = torch_collate(torch, batch).numpy()
     assert theirs.dtype == np.float64
@@ -732,6 +753,92 @@ def test_a_non_number_after_mixed_numbers_raises_typeerror_naming_it_as_torch(to
 def test_a_non_numeric_value_after_arrays_raises_typeerror_naming_it(bad):
     with pytest.raises(TypeError, match=r"batch\[2\]"):
         default_collate([np.zeros(2, "u1"), np.zeros(2, "f4"), bad])
+
+
+@pytest.mark.parametrize("batch", [[1, None], [np.float32(1), object()], [np.zeros(2), None]],
+                         ids=["none-after-int", "object-after-np-scalar", "none-after-array"])
+def test_a_value_without_a_dtype_raises_torchs_runtimeerror_too(torch, batch):
+    # torch: RuntimeError("Could not infer dtype of NoneType"); ours says where,
+    # and is a TypeError as well.
+    assert type(_torch_error(torch, batch)) is RuntimeError
+    with pytest.raises(RuntimeError, match=r"batch\[1\] is (NoneType|object)") as info:
+        default_collate(batch)
+    assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize("batch", [
+    [np.zeros(2, "u2"), np.zeros(2, "i4")],
+    [np.zeros(2, "u4"), np.zeros(2, "?")],
+    [np.zeros((), "u2"), 7],
+    [np.uint16(1), np.uint8(2)],
+    [{"k": np.zeros(2, "u8")}, {"k": np.zeros(2, "u1")}],
+    [np.zeros(2, "c8"), np.zeros(2, "u2")],
+    [np.zeros(2, "u2"), np.zeros(2, "u4")],
+], ids=["u16-i32", "u32-bool", "u16-0d-pyint", "np-u16-u8", "nested-u64-u8", "c64-u16",
+        "u16-u32"])
+def test_wide_unsigned_ints_refuse_promotion_as_torch(torch, batch):
+    assert "Promotion for uint16, uint32, uint64" in str(_torch_error(torch, batch))
+    with pytest.raises(RuntimeError, match=r"Promotion for uint16, uint32, uint64 types is not "
+                                           r"supported, attempted to promote u"):
+        default_collate(batch)
+
+
+@pytest.mark.parametrize("batch", [[np.False_, np.int64(5)], [5, np.True_]], ids=repr)
+def test_numpy_bools_beside_integers_promote_where_torch_raises(torch, batch):
+    with pytest.raises(TypeError):
+        torch_collate(torch, batch)
+    ours = default_collate(batch)
+    assert ours.dtype == np.int64 and ours.tolist() == [int(v) for v in batch]
+
+
+def test_wide_unsigned_ints_promote_to_floats_as_torch(torch):
+    batch = [np.full(2, 60000, "u2"), np.ones(2, "f4")]
+    theirs = torch_collate(torch, batch).numpy()
+    ours = default_collate(batch)
+    assert ours.dtype == theirs.dtype == np.float32
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("batch", [[1.5, 2j], [1.5, np.array(1j)], [0.5, np.complex64(1j)]],
+                         ids=["python", "0-d-array", "numpy-scalar"])
+def test_a_complex_after_floats_raises_typeerror(torch, batch):
+    # torch raises for the first two; for a numpy complex scalar it drops the
+    # imaginary part with a warning, which ours never does silently.
+    if not isinstance(batch[1], np.complex64):
+        with pytest.raises(TypeError):
+            torch_collate(torch, batch)
+    with pytest.raises(TypeError, match=r"batch\[1\] is complex, but batch\[0\] is a float"):
+        default_collate(batch)
+
+
+@pytest.mark.parametrize("bad", [np.array(["a", "b"]), np.array([1], dtype=object)],
+                         ids=["str", "object"])
+def test_a_string_array_after_arrays_is_a_typeerror_whatever_its_shape(torch, bad):
+    # torch turns each array into a tensor before it compares shapes.
+    batch = [np.zeros(3), bad]
+    assert type(_torch_error(torch, batch)) is TypeError
+    with pytest.raises(TypeError, match=r"^default_collate: batch must contain .*\(at batch\[1\]\)"):
+        default_collate(batch)
+
+
+def test_an_empty_mapping_must_be_in_every_sample_as_torch(torch):
+    batch = [{"c": {}, "x": 1}, {"x": 2}]
+    assert isinstance(_torch_error(torch, batch), KeyError)
+    with pytest.raises(KeyError, match=r"batch\[1\] has no item 'c'"):
+        default_collate(batch)
+    # Present but of another kind: torch looks no further than the first's keys.
+    ours = default_collate([{"c": {}}, {"c": {"d": 1}}])
+    assert_same_as_torch(ours, torch_collate(torch, [{"c": {}}, {"c": {"d": 1}}]))
+
+
+@pytest.mark.parametrize("batch,pattern", [
+    ([{"img": [1]}, {"img": 0}], r"batch\[1\]\['img'\] is int, but batch\[0\]\['img'\] is list"),
+    ([{"a": 2**63}, {}], r"batch\[1\] has no item 'a'"),
+], ids=["len-of-an-int", "missing-key-after-overflow"])
+def test_errors_found_late_still_name_the_path(torch, batch, pattern):
+    expected = type(_torch_error(torch, batch))
+    with pytest.raises(expected, match=pattern):
+        default_collate(batch)
 
 
 # --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -432,6 +433,106 @@ def test_torch_output_from_workers(torch):
     assert isinstance(batch["x"], torch.Tensor) and batch["x"].shape == (4, 16)
     assert batch["y"].tolist() == [0, 1, 2, 3]
     assert batch["name"] == ["item0", "item1", "item2", "item3"]
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class NamedRecord(dict):
+    """A dict subclass whose constructor takes more than the items."""
+
+    def __init__(self, name, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.name = name
+
+
+class ReadOnlySequence(collections.abc.Sequence):
+    def __init__(self, items):
+        self._items = list(items)
+
+    def __getitem__(self, i):
+        return self._items[i]
+
+    def __len__(self):
+        return len(self._items)
+
+
+# Samples whose containers output="torch" must rebuild as torch's collate does.
+TORCH_OUTPUT_SAMPLES = {
+    "defaultdict": lambda i: collections.defaultdict(list, x=np.float32(i), y=np.arange(2) + i),
+    "dict-subclass": lambda i: NamedRecord("r", img=np.zeros(3, np.float32) + i, label=i),
+    "mappingproxy": lambda i: types.MappingProxyType({"x": np.float32(i)}),
+    "deque": lambda i: collections.deque([np.arange(2) + i]),
+    "sequence": lambda i: ReadOnlySequence([np.arange(2) + i, i]),
+    # A string first: torch leaves the array beside it in the list as it is.
+    "string-led-list": lambda i: ("s", 0) if i % 2 == 0 else (np.arange(2) + i, 1),
+}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", sorted(TORCH_OUTPUT_SAMPLES))
+def test_torch_output_rebuilds_containers_as_torch(torch, kind, num_workers):
+    data = [TORCH_OUTPUT_SAMPLES[kind](i) for i in range(6)]
+    if kind == "mappingproxy" and num_workers:
+        # Its type cannot be pickled to the main process (torch's loader hangs
+        # until its timeout): the worker's error says so.
+        with pytest.raises(pickle.PicklingError, match="sending the batch"):
+            next(iter(DataLoader(data, batch_size=2, num_workers=num_workers, output="torch")))
+        return
+    ours = list(DataLoader(data, batch_size=2, num_workers=num_workers, output="torch"))
+    theirs = list(torch.utils.data.DataLoader(data, batch_size=2))
+    assert len(ours) == len(theirs) == 3
+    for mine, torchs in zip(ours, theirs):
+        assert_same_as_torch(mine, torchs, tensors=True)
+        assert getattr(mine, "name", None) == getattr(torchs, "name", None)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torch_output_of_a_custom_collate_keeps_its_containers(torch, num_workers):
+    def collate(samples):
+        return (np.array(samples), {"k": np.float32(1)}, Point(np.zeros(2), "s"), ["t", 2])
+
+    batch = next(iter(DataLoader(list(range(6)), batch_size=2, num_workers=num_workers,
+                                 collate_fn=collate, output="torch")))
+    assert type(batch) is tuple and len(batch) == 4
+    assert batch[0].tolist() == [0, 1] and isinstance(batch[0], torch.Tensor)
+    assert type(batch[1]) is dict and batch[1]["k"].dtype == torch.float32
+    assert type(batch[2]) is Point and isinstance(batch[2].x, torch.Tensor) and batch[2].y == "s"
+    assert batch[3] == ["t", 2]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_unbatched_samples_are_converted_as_torch_converts_them(torch, num_workers, output):
+    # batch_size=None: torch's default_convert makes tensors of every array and
+    # numpy scalar; in numpy output, ours does so once a sample holds tensors.
+    data = [{"a": torch.arange(3) + i, "b": (np.arange(2) + i, "s"), "c": np.float32(i)}
+            for i in range(4)]
+    data += [collections.defaultdict(list, x=np.float32(i), y=np.arange(2) + i) for i in range(2)]
+    ours = list(DataLoader(data, batch_size=None, num_workers=num_workers, output=output))
+    theirs = list(torch.utils.data.DataLoader(data, batch_size=None))
+    for i, (mine, torchs) in enumerate(zip(ours, theirs, strict=True)):
+        assert_same_as_torch(mine, torchs, tensors=output == "torch" or i < 4)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence:UserWarning")  # torch's, on [True]
+def test_array_dataset_takes_only_integer_indices_as_torch(torch, num_workers):
+    x = np.arange(12.0).reshape(4, 3)
+    ours_ds, theirs_ds = fl.ArrayDataset(x), torch.utils.data.TensorDataset(torch.from_numpy(x))
+    for bad in (1.7, np.float64(2.0), "1"):
+        with pytest.raises((IndexError, TypeError)):
+            next(iter(torch.utils.data.DataLoader(theirs_ds, sampler=[bad])))
+        with pytest.raises(IndexError):  # ArrayDataset[bad]'s own error, not row 1 or 2
+            next(iter(DataLoader(ours_ds, sampler=[bad], num_workers=num_workers)))
+    # True indexes the whole array (torch: tensor[True]), as ArrayDataset[True] does.
+    ours = next(iter(DataLoader(ours_ds, sampler=[True], num_workers=num_workers)))
+    theirs = next(iter(torch.utils.data.DataLoader(theirs_ds, sampler=[True])))
+    assert_same_as_torch(ours, theirs)
+    # Integers of any kind still take the gather path, with the same rows.
+    ours = next(iter(DataLoader(ours_ds, sampler=[np.uint8(3), 1, np.int32(0)], batch_size=3,
+                                num_workers=num_workers)))
+    np.testing.assert_array_equal(ours[0], x[[3, 1, 0]])
 
 
 def test_batches_are_views_of_a_shared_slot():
