@@ -18,8 +18,10 @@ epochs 2-6 % shorter (paired alternating runs of `epoch_costs.py`'s loop:
 every epoch it changed nothing beyond the noise.  Nothing waits on an unread
 answer: a worker whose answer is larger than its pipe blocks until it is
 needed, and nothing the awaited worker does depends on it.  A sentinel that
-fires for another worker switches the wait to every pipe, so that worker's
-answers still arrive before its death is reported.
+fires comes before every answer pipe: the dead worker's own pipe is read for
+what it sent before dying, then its death is reported, however many answers
+the live workers have ready (out of order they nearly always have one, and
+a death noticed only when they ran out of work was noticed at the epoch's end).
 
 NOTE [ Why sending a task never blocks ]
 A worker has at most ``prefetch_factor`` unread tasks, each a few KB (a batch
@@ -34,6 +36,7 @@ thread costs a GIL hand-off per batch in the main process.)
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import os
@@ -57,7 +60,7 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["WorkerPool", "pickle_for_workers"]
+__all__ = ["WorkerPool", "pickle_for_workers", "deliver_ctrl_c_later"]
 
 # How long shutdown waits for workers to exit before terminating them.
 _JOIN_GRACE = 5.0
@@ -112,6 +115,20 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
             name = text = f"signal {-exitcode}"
         return f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})"
     return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
+
+
+def deliver_ctrl_c_later() -> None:
+    """Send the main thread a SIGINT from a new thread: a Ctrl-C caught where it
+    could not be raised, given back.
+
+    For teardown that may run as a finalizer (NOTE [ Ctrl-C held over fork and
+    teardown ]): raised there, or re-raised with ``_thread.interrupt_main``
+    (the very next call checks for it), KeyboardInterrupt is printed and
+    dropped.  The thread runs once the main thread lets go of the GIL, by then
+    back in the caller's code, and a real signal also cuts short a ``sleep``
+    or a blocking read there.  Call it last: nothing after it is safe.
+    """
+    _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
 
 
 @contextlib.contextmanager
@@ -340,8 +357,10 @@ class WorkerPool:
         a CPU where it would preempt a worker (see NOTE [ Waking for the
         awaited answer only ]).
 
-        Raises ``WorkerDied`` as soon as a worker has exited (after its
-        pending answers have been read).
+        Raises ``WorkerDied`` as soon as a worker has exited (after the
+        answers it sent before have been returned), even while other workers'
+        answers are ready: a dead worker is reported at once, not when the
+        others run out of work.
         """
         # Answers already read (one read can bring several) come first.
         if self._leftover:
@@ -359,30 +378,47 @@ class WorkerPool:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            dead = None
-            for fd, _ in events:
-                worker_id = self._worker_of_fd.get(fd)
-                if worker_id is None:
-                    dead = self._process_of_fd.get(fd)
-                    continue
-                try:
-                    self._readers[worker_id].fill()
-                except EOFError:
-                    # The worker is gone; its sentinel says why.
-                    self._poller.unregister(fd)
-                    self._worker_pollers[worker_id].unregister(fd)
-                    del self._worker_of_fd[fd]
-                    continue
-                got = self._take(worker_id)
+            dead = next((self._process_of_fd[fd] for fd, _ in events
+                         if fd in self._process_of_fd), None)
+            if dead is not None:
+                # Before anything else: a live worker with answers ready must
+                # not keep a death unreported (out of order it always has one).
+                got = self._answer_left_by(self.processes.index(dead))
                 if got is not None:
                     return got
-            if dead is not None:
-                if poller is not self._poller:
-                    # Another worker died: its answers still in the pipe come first.
-                    poller = self._poller
-                    continue
                 dead.join(timeout=1.0)
                 raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
+            for fd, _ in events:
+                worker_id = self._worker_of_fd[fd]
+                if self._read_some(worker_id):
+                    got = self._take(worker_id)
+                    if got is not None:
+                        return got
+
+    def _read_some(self, worker_id: int) -> bool:
+        """One read of a readable answer pipe; False at its end (the worker is
+        gone: its sentinel says why), and the pipe is watched no more."""
+        reader = self._readers[worker_id]
+        try:
+            reader.fill()
+        except EOFError:
+            self._poller.unregister(reader.fd)
+            self._worker_pollers[worker_id].unregister(reader.fd)
+            del self._worker_of_fd[reader.fd]
+            return False
+        return True
+
+    def _answer_left_by(self, worker_id: int) -> tuple[int, Any] | None:
+        """The next answer a dead worker sent before it died, if one is unread."""
+        got = self._take(worker_id)
+        fd = self._readers[worker_id].fd
+        # Never blocks: only what is in the pipe already is read (a process
+        # forked while this pipe was open might still hold its writing end).
+        while got is None and fd in self._worker_of_fd and select.select([fd], [], [], 0)[0]:
+            if not self._read_some(worker_id):
+                break
+            got = self._take(worker_id)
+        return got
 
     def _take(self, worker_id: int) -> tuple[int, Any] | None:
         """The next whole answer read from ``worker_id``, if there is one."""
@@ -415,26 +451,28 @@ class WorkerPool:
                     send_frame(conn.fileno(), STOP_MESSAGE)
                 except OSError:
                     pass  # it is exiting already
-        if wait:
-            _reap(processes, self.exit_grace)
-        elif processes:
-            _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, processes))
-        # The pipes and the processes of reaped workers have Python finalizers:
-        # they are dropped here, with Ctrl-C held (see NOTE [ Ctrl-C held over
-        # fork and teardown ]), not wherever the pool happens to be freed.
-        with _ctrl_c_held():
-            _reap_exiting()
-            connections = self._task_conns + self._result_conns
-            connections += [conn for pair in self._child_ends for conn in pair]
-            self._task_conns, self._result_conns, self._child_ends = [], [], []
-            for conn in connections:
-                try:
-                    conn.close()
-                except OSError:
-                    pass
-            del connections, processes
-        for name in self._message_names:
-            unlink_name(name)  # a worker that died before reading it
+        try:
+            if wait:
+                _reap(processes, self.exit_grace)  # a Ctrl-C here still ends below
+            elif processes:
+                _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, processes))
+        finally:
+            # The pipes and the processes of reaped workers have Python finalizers:
+            # they are dropped here, with Ctrl-C held (see NOTE [ Ctrl-C held over
+            # fork and teardown ]), not wherever the pool happens to be freed.
+            with _ctrl_c_held():
+                _reap_exiting()
+                connections = self._task_conns + self._result_conns
+                connections += [conn for pair in self._child_ends for conn in pair]
+                self._task_conns, self._result_conns, self._child_ends = [], [], []
+                for conn in connections:
+                    try:
+                        conn.close()
+                    except OSError:
+                        pass
+                del connections, processes
+                for name in self._message_names:
+                    unlink_name(name)  # a worker that died before reading it
 
 
 # Idle workers told to exit at the end of an epoch, not waited for:
@@ -465,10 +503,24 @@ def _reap_exiting() -> None:
 
 def _reap(processes: list, grace: float) -> None:
     """Join workers that were asked to exit; after ``grace`` seconds terminate, then
-    kill, the ones that have not."""
+    kill, the ones that have not.
+
+    A Ctrl-C while waiting stops the wait, not the reaping: the workers still
+    busy are terminated at once (a worker left running could create a slot's
+    segment after the ring unlinked its names), then the KeyboardInterrupt
+    goes on.
+    """
     deadline = time.monotonic() + grace
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    try:
+        for process in processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        with _ctrl_c_held():
+            _stop(processes)
+
+
+def _stop(processes: list) -> None:
+    """Terminate, then kill, the workers still alive; each wait bounded."""
     for process in processes:
         if process.is_alive():
             process.terminate()

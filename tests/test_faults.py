@@ -404,6 +404,28 @@ def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_
 
 
 @pytest.mark.timeout(60)
+def test_out_of_order_a_dead_worker_is_reported_while_the_other_has_answers(no_leaks):
+    # Out of order the main process takes any worker's answer; with the live
+    # worker always ahead of a slow consumer, the death was reported only
+    # when the epoch ran out (torch reports it at once).
+    loader = fl.DataLoader(SquareDataset(2000, shape=(4,)), batch_size=4, num_workers=2,
+                           in_order=False)
+    it = iter(loader)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    taken = 0
+    with pytest.raises(RuntimeError, match=rf"pid {pids[1]}\).*SIGKILL"):
+        for _ in it:
+            taken += 1
+            if taken == 5:
+                os.kill(pids[1], signal.SIGKILL)
+            time.sleep(0.02)  # the training step: the live worker is always ahead
+    # Only what was already read or sent before the death comes first.
+    assert taken <= 5 + 2 * 2 + 2, taken
+    assert _wait_gone(pids, 10.0) == []
+    assert _prefix_entries(prefix) == []
+
+
+@pytest.mark.timeout(60)
 def test_persistent_worker_killed_between_epochs_raises_runtime_error(no_leaks):
     loader = fl.DataLoader(SquareDataset(32, (2,)), batch_size=4, num_workers=2,
                            persistent_workers=True)
@@ -781,6 +803,45 @@ def test_ctrl_c_while_a_worker_is_forked_is_not_lost(tmp_path, no_leaks, handler
         assert stdout.split() == ["INTERRUPTED", "2"], stdout
     else:  # the caller's own handler ran, once, and the epochs went on
         assert stdout.split() == ["FINISHED", f"[{int(signal.SIGINT)}]", "6"], stdout
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_a_dropped_iterator_stops_busy_workers_is_raised_and_cleans_up(
+        tmp_path, no_leaks):
+    # After a `break` the iterator's finalizer waits for the busy workers; a
+    # Ctrl-C then raised inside the finalizer, where CPython prints and drops
+    # it: the loop went on, and the workers, never stopped, created slots'
+    # segments after the ring had unlinked its names.
+    script = _script(tmp_path, """
+        import os, signal, threading, time
+        import fastload as fl
+        from datasets_for_workers import SlowDataset
+
+        loader = fl.DataLoader(SlowDataset(64, delay=0.5), batch_size=2, num_workers=2)
+        it = iter(loader)
+        print("PIDS", *it.worker_pids, flush=True)
+        print("PREFIX", it._ring.prefix, flush=True)
+        try:
+            for batch in it:
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+                start = time.monotonic()
+                del it
+                break
+            time.sleep(3.0)
+            print("LOST", flush=True)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", round(time.monotonic() - start, 1), flush=True)
+        """)
+    with _running(script) as proc:
+        no_leaks.watch_pid(proc.pid)
+        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
+        prefix = _read_marker(proc, "PREFIX")
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "Exception ignored" not in stderr, stderr
+    assert stdout.split()[0] == "INTERRUPTED" and float(stdout.split()[1]) < 2.0, stdout
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
 
 
 @pytest.mark.timeout(60)
