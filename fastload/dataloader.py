@@ -34,7 +34,7 @@ from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
 from fastload.layout_wire import LayoutReceiver
-from fastload.pool import WorkerDied, WorkerPool, deliver_ctrl_c_later, pickle_for_workers
+from fastload.pool import WorkerDied, WorkerPool, ctrl_c_deferred, pickle_for_workers
 from fastload.resume import EpochProgress, TorchGeneratorState, check_state, make_state, \
     sampler_chain, torch_generator_of, warn_if_order_unknown
 from fastload.ring import Ring, SharedMemoryError, SpareSlots
@@ -482,19 +482,14 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
     """
     if os.getpid() != owner_pid:
         return
-    interrupted = False
-    try:
-        # Idle workers (a finished epoch) are reaped in the background.
-        pool.shutdown(wait=bool(tasks))
-    except KeyboardInterrupt:
-        # A Ctrl-C while busy workers were stopped (after a `break`, say).
-        # This often runs as a finalizer, where CPython prints and drops any
-        # exception: the Ctrl-C is delivered again once the teardown is done.
-        interrupted = True
-    finally:
-        ring.close([slot for _, slot in tasks.values()])
-    if interrupted:
-        deliver_ctrl_c_later()
+    # This often runs as a finalizer, where CPython would print and drop a
+    # KeyboardInterrupt: a Ctrl-C during the teardown is sent again after it.
+    with ctrl_c_deferred():
+        try:
+            # Idle workers (a finished epoch) are reaped in the background.
+            pool.shutdown(wait=bool(tasks))
+        finally:
+            ring.close([slot for _, slot in tasks.values()])
 
 
 class PrefetchFactorError(ValueError, AssertionError):

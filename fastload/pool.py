@@ -60,10 +60,12 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["WorkerPool", "pickle_for_workers", "deliver_ctrl_c_later"]
+__all__ = ["WorkerPool", "pickle_for_workers", "ctrl_c_deferred"]
 
 # How long shutdown waits for workers to exit before terminating them.
 _JOIN_GRACE = 5.0
+# How often that wait looks for a Ctrl-C (which it holds).
+_INTERRUPT_CHECK = 0.05
 _PIPE_BYTES = 1 << 20
 # Pipe capacity assumed when sizing tasks: Linux's default, unless enlarged.
 _DEFAULT_PIPE_BYTES = 1 << 16
@@ -117,23 +119,12 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
     return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
 
 
-def deliver_ctrl_c_later() -> None:
-    """Send the main thread a SIGINT from a new thread: a Ctrl-C caught where it
-    could not be raised, given back.
-
-    For teardown that may run as a finalizer (NOTE [ Ctrl-C held over fork and
-    teardown ]): raised there, or re-raised with ``_thread.interrupt_main``
-    (the very next call checks for it), KeyboardInterrupt is printed and
-    dropped.  The thread runs once the main thread lets go of the GIL, by then
-    back in the caller's code, and a real signal also cuts short a ``sleep``
-    or a blocking read there.  Call it last: nothing after it is safe.
-    """
-    _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-
-
 @contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[None]:
+def _ctrl_c_held() -> Iterator[list]:
     """Hold a Ctrl-C that arrives inside the block; deliver it when the block ends.
+
+    Yields the list the Ctrl-Cs are recorded in, so that a wait in the block
+    can end at one.
 
     NOTE [ Ctrl-C held over fork and teardown ]
     CPython drops an exception raised inside an at-fork hook, a ``__del__``
@@ -160,22 +151,59 @@ def _ctrl_c_held() -> Iterator[None]:
     600 (300 with new workers, 300 with persistent ones).  Only the
     main thread runs Python signal handlers, so elsewhere this does nothing;
     nor for SIG_DFL and SIG_IGN, which involve no Python handler.
+    The teardown of an iterator may itself run as a finalizer (a ``break``,
+    and the iterator is dropped), so there a held Ctrl-C is not raised at the
+    block's end but sent again once the teardown is over (``ctrl_c_deferred``),
+    and the teardown's wait for busy workers ends at a Ctrl-C: they are
+    terminated, not left running (one could create a slot's segment after the
+    ring unlinked its names).  Before, a Ctrl-C during that wait was printed
+    and dropped, and left segments behind; in 250 Ctrl-Cs at random instants
+    into a loop of short epochs (a helper's storm script, not in the
+    repository), none is lost now, no segment and no process is left.
     """
-    if threading.current_thread() is not threading.main_thread():
+    with _ctrl_c_recorded() as held:
+        yield held
+    if held:
+        signal.getsignal(signal.SIGINT)(*held[0])
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block; send it again after the block.
+
+    For teardown that may run as a finalizer (a dropped iterator's), where
+    CPython prints and drops any exception: a KeyboardInterrupt raised at
+    the block's end, or re-raised there with ``_thread.interrupt_main`` (the
+    very next call checks for it), would be lost.  Instead a new thread sends
+    the main thread a SIGINT: it runs once the main thread lets go of the
+    GIL, by then back in the caller's code, and a real signal also cuts short
+    a ``sleep`` or a blocking read there.
+    """
+    with _ctrl_c_recorded() as held:
         yield
+    if held:
+        _thread.start_new_thread(signal.pthread_kill,
+                                 (threading.main_thread().ident, signal.SIGINT))
+
+
+@contextlib.contextmanager
+def _ctrl_c_recorded() -> Iterator[list]:
+    """The main thread's SIGINT handler, inside the block, only records the
+    signal (in the list yielded); the handler in place is back after it.
+    Nothing changes in another thread, or for SIG_DFL and SIG_IGN."""
+    held: list[tuple[int, Any]] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
         return
     previous = signal.getsignal(signal.SIGINT)
     if not callable(previous):
-        yield
+        yield held
         return
-    held: list[tuple[int, Any]] = []
     signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
     try:
-        yield
+        yield held
     finally:
         signal.signal(signal.SIGINT, previous)
-        if held:
-            previous(*held[0])
 
 
 class WorkerDied(RuntimeError):
@@ -438,41 +466,40 @@ class WorkerPool:
         processes to tear down; ``_reap_exiting`` collects them later, and
         stops any that outstay ``_JOIN_GRACE``.  Only idle workers may be left
         so: a busy one could still be writing a slot the caller is about to
-        unlink.
+        unlink.  A Ctrl-C ends the wait for busy workers (they are then
+        terminated) and is raised once all is torn down.
         """
         if self._closed:
             return
-        self._closed = True
-        processes, self.processes = self.processes, []
-        self._process_of_fd.clear()
-        for conn, process in zip(self._task_conns, processes):
-            if process.is_alive():
-                try:
-                    send_frame(conn.fileno(), STOP_MESSAGE)
-                except OSError:
-                    pass  # it is exiting already
-        try:
+        # The pipes and the processes of reaped workers have Python finalizers:
+        # they are dropped here, with Ctrl-C held (see NOTE [ Ctrl-C held over
+        # fork and teardown ]), not wherever the pool happens to be freed.
+        with _ctrl_c_held() as interrupted:
+            self._closed = True
+            processes, self.processes = self.processes, []
+            self._process_of_fd.clear()
+            for conn, process in zip(self._task_conns, processes):
+                if process.is_alive():
+                    try:
+                        send_frame(conn.fileno(), STOP_MESSAGE)
+                    except OSError:
+                        pass  # it is exiting already
             if wait:
-                _reap(processes, self.exit_grace)  # a Ctrl-C here still ends below
+                _reap(processes, self.exit_grace, interrupted)
             elif processes:
                 _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, processes))
-        finally:
-            # The pipes and the processes of reaped workers have Python finalizers:
-            # they are dropped here, with Ctrl-C held (see NOTE [ Ctrl-C held over
-            # fork and teardown ]), not wherever the pool happens to be freed.
-            with _ctrl_c_held():
-                _reap_exiting()
-                connections = self._task_conns + self._result_conns
-                connections += [conn for pair in self._child_ends for conn in pair]
-                self._task_conns, self._result_conns, self._child_ends = [], [], []
-                for conn in connections:
-                    try:
-                        conn.close()
-                    except OSError:
-                        pass
-                del connections, processes
-                for name in self._message_names:
-                    unlink_name(name)  # a worker that died before reading it
+            _reap_exiting()
+            connections = self._task_conns + self._result_conns
+            connections += [conn for pair in self._child_ends for conn in pair]
+            self._task_conns, self._result_conns, self._child_ends = [], [], []
+            for conn in connections:
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+            del connections, processes
+            for name in self._message_names:
+                unlink_name(name)  # a worker that died before reading it
 
 
 # Idle workers told to exit at the end of an epoch, not waited for:
@@ -495,28 +522,25 @@ def _reap_exiting() -> None:
             continue  # inherited by a forked child: not its processes
         alive = [p for p in processes if p.is_alive()]  # is_alive() reaps an exited one
         if alive and now >= deadline:
-            _reap(alive, 0.0)  # their grace is over
+            _stop(alive)  # their grace is over
         elif alive:
             pending.append((owner, deadline, alive))
     _exiting[:] = pending
 
 
-def _reap(processes: list, grace: float) -> None:
-    """Join workers that were asked to exit; after ``grace`` seconds terminate, then
-    kill, the ones that have not.
+def _reap(processes: list, grace: float, interrupted: list) -> None:
+    """Join workers that were asked to exit; after ``grace`` seconds, or as soon
+    as ``interrupted`` holds a Ctrl-C, terminate, then kill, the ones that have not.
 
-    A Ctrl-C while waiting stops the wait, not the reaping: the workers still
-    busy are terminated at once (a worker left running could create a slot's
-    segment after the ring unlinked its names), then the KeyboardInterrupt
-    goes on.
+    (A worker left running could create a slot's segment after the ring
+    unlinked its names: even at a Ctrl-C they are stopped, not abandoned.)
     """
     deadline = time.monotonic() + grace
-    try:
-        for process in processes:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-    finally:
-        with _ctrl_c_held():
-            _stop(processes)
+    for process in processes:
+        while not interrupted and process.is_alive() and time.monotonic() < deadline:
+            # In steps: the Ctrl-C only records itself (the wait runs held).
+            process.join(timeout=min(_INTERRUPT_CHECK, max(0.0, deadline - time.monotonic())))
+    _stop(processes)
 
 
 def _stop(processes: list) -> None:
