@@ -412,6 +412,13 @@ class _BaseIter:
         next(self._indices, None)
         return True
 
+    def _hand_out(self, batch_no: int, batch: Any) -> Any:
+        """``batch`` as the caller gets it, counted as handed out only then: a
+        Ctrl-C before (in the next task's dispatch, say) leaves it for a resume."""
+        batch = self._deliver(batch)
+        self.progress.hand(batch_no)
+        return batch
+
     def _deliver(self, batch: Any) -> Any:
         self.num_yielded += 1
         if self._iterable and self._len_called is not None and self.num_yielded > self._len_called:
@@ -466,8 +473,7 @@ class _SingleProcessIter(_BaseIter):
         except Exception:
             self.progress.hand(batch_no)  # its error was the caller's batch: resuming skips it
             raise
-        self.progress.hand(batch_no)
-        return self._deliver(batch)
+        return self._hand_out(batch_no, batch)
 
 
 def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, tasks: dict) -> None:
@@ -698,9 +704,8 @@ class _MultiProcessIter(_BaseIter):
                     if self._source.as_torch:
                         layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
-                    self.progress.hand(batch_no)
                     self._dispatch()
-                    return self._deliver(batch)
+                    return self._hand_out(batch_no, batch)
                 self._ring.release(slot_id)
                 if kind == "end":  # this worker's IterableDataset replica is exhausted
                     self._active[worker] = False

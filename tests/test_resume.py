@@ -78,6 +78,44 @@ def test_a_state_taken_after_the_loop_was_left_resumes_where_it_stopped(kwargs, 
     assert resumed[1] == expected[1]  # the next epoch too
 
 
+@pytest.mark.parametrize("kwargs, where", [
+    (LOADERS[0], "deliver"), (LOADERS[1], "deliver"), (LOADERS[2], "deliver"),
+    (LOADERS[1], "dispatch"), (LOADERS[2], "dispatch"),  # no task is sent without workers
+], ids=["0-deliver", "2-deliver", "2p-deliver", "2-dispatch", "2p-dispatch"])
+def test_a_ctrl_c_inside_next_leaves_its_batch_for_the_resume(monkeypatch, kwargs, where):
+    # A Ctrl-C can land inside next() after the batch was taken from its
+    # worker but before the caller has it: sending the next task, or handing
+    # the batch over.  It was counted as handed out, and a resume skipped it.
+    from fastload import dataloader, pool
+
+    def make():
+        return DataLoader(fl.ArrayDataset(np.arange(40)), batch_size=4, shuffle=True,
+                          generator=3, **kwargs)
+
+    armed = []
+    real = pool.WorkerPool.send if where == "dispatch" else dataloader._BaseIter._deliver
+
+    def interrupted(self, *args):
+        if armed:
+            armed.clear()
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    target = pool.WorkerPool if where == "dispatch" else dataloader._BaseIter
+    monkeypatch.setattr(target, "send" if where == "dispatch" else "_deliver", interrupted)
+    loader, seen = make(), []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in loader:
+            seen.append(batch[0].tolist())
+            if len(seen) == 3:
+                armed.append(True)  # lands in the next next()
+    monkeypatch.undo()
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 3
+    expected = uninterrupted(make)
+    assert seen + resume_from(make, state)[0] == expected[0]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_batch_whose_error_the_caller_caught_is_not_made_again(num_workers):
     def make():
