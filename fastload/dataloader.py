@@ -357,7 +357,8 @@ class _BaseIter:
         # output="torch": a collated batch's layout says which leaves are data
         # (BatchLayout.as_torch); anything else is converted as torch's
         # default_convert would (to_torch).
-        self._source.as_torch = loader.output == "torch" and self._source.default_collate
+        self._source.as_torch = self._layouts_as_torch = \
+            loader.output == "torch" and self._source.default_collate
         self._to_torch = loader.output == "torch" and not self._source.default_collate
         self._dataset = loader.dataset
         self._iterable = loader._iterable
@@ -412,14 +413,9 @@ class _BaseIter:
         next(self._indices, None)
         return True
 
-    def _hand_out(self, batch_no: int, batch: Any) -> Any:
+    def _deliver(self, batch_no: int, batch: Any) -> Any:
         """``batch`` as the caller gets it, counted as handed out only then: a
         Ctrl-C before (in the next task's dispatch, say) leaves it for a resume."""
-        batch = self._deliver(batch)
-        self.progress.hand(batch_no)
-        return batch
-
-    def _deliver(self, batch: Any) -> Any:
         self.num_yielded += 1
         if self._iterable and self._len_called is not None and self.num_yielded > self._len_called:
             message = (f"Length of IterableDataset {self._dataset} was reported to be "
@@ -429,7 +425,10 @@ class _BaseIter:
                 message += ("For multiprocessing data-loading, this could be caused by not "
                             "properly configuring the IterableDataset replica at each worker.")
             warnings.warn(message, stacklevel=3)
-        return to_torch(batch) if self._to_torch else batch
+        if self._to_torch:
+            batch = to_torch(batch)
+        self.progress.hand(batch_no)
+        return batch
 
     def __iter__(self) -> "_BaseIter":
         return self
@@ -473,7 +472,7 @@ class _SingleProcessIter(_BaseIter):
         except Exception:
             self.progress.hand(batch_no)  # its error was the caller's batch: resuming skips it
             raise
-        return self._hand_out(batch_no, batch)
+        return self._deliver(batch_no, batch)
 
 
 def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, tasks: dict) -> None:
@@ -701,11 +700,11 @@ class _MultiProcessIter(_BaseIter):
                 worker, (kind, batch_no, slot_id, _, payload) = ready
                 if kind == "batch":
                     layout, values = payload
-                    if self._source.as_torch:
+                    if self._layouts_as_torch:
                         layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
                     self._dispatch()
-                    return self._hand_out(batch_no, batch)
+                    return self._deliver(batch_no, batch)
                 self._ring.release(slot_id)
                 if kind == "end":  # this worker's IterableDataset replica is exhausted
                     self._active[worker] = False

@@ -121,13 +121,15 @@ class BatchSource:
         dataset = self.dataset
         return [dataset[key] for key in keys]
 
-    def _integer_rows(self, indices: Any) -> np.ndarray | None:
+    def _integer_rows(self, indices: Any, kernel_batch: bool) -> np.ndarray | None:
         """``indices`` as a flat integer array for the gather kernel, or None when
         they are not all integers (a float, a string, a bool): then the batch
         is made sample by sample, so the dataset's own indexing answers, as
         torch's ``TensorDataset`` does, instead of a cast truncating 1.7 to 1."""
         if self._arrays is None:
             return None
+        if kernel_batch:  # our BatchSampler's int64 array
+            return indices
         rows = np.asarray(indices)
         if rows.ndim != 1 or rows.dtype.kind not in "iu" or (rows.dtype.kind == "u" and rows.size
                                                               and rows.max() > _INT64_MAX):
@@ -163,7 +165,7 @@ class BatchSource:
     def make(self, batch_no: int, indices: Any, kernel_batch: bool) -> Any:
         """One batch as the caller sees it (single-process loading); see ``_fetch``."""
         seed_transform_rng(self._base_seed, batch_no)
-        rows = self._integer_rows(indices)
+        rows = self._integer_rows(indices, kernel_batch)
         if rows is not None:
             layout, buffer = self._gather_arrays(rows, private_buffer)
         elif self.default_collate and self.as_torch:
@@ -176,7 +178,7 @@ class BatchSource:
                   allocate: Callable[[int], np.ndarray]) -> BatchLayout:
         """One batch written into ``allocate``'s buffer; returns its layout (workers)."""
         seed_transform_rng(self._base_seed, batch_no)
-        rows = self._integer_rows(indices)
+        rows = self._integer_rows(indices, kernel_batch)
         if rows is not None:
             return self._gather_arrays(rows, allocate)[0]
         data = self._fetch(indices, kernel_batch)

@@ -406,35 +406,37 @@ class WorkerPool:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            dead = next((self._process_of_fd[fd] for fd, _ in events
-                         if fd in self._process_of_fd), None)
-            if dead is not None:
-                # Before anything else: a live worker with answers ready must
-                # not keep a death unreported (out of order it always has one).
-                got = self._answer_left_by(self.processes.index(dead))
-                if got is not None:
-                    return got
-                dead.join(timeout=1.0)
-                raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
+            for fd, _ in events:
+                if fd in self._process_of_fd:
+                    # Before any answer: a live worker with answers ready must
+                    # not keep a death unreported (out of order it always has one).
+                    return self._after_death(self._process_of_fd[fd])
             for fd, _ in events:
                 worker_id = self._worker_of_fd[fd]
-                if self._read_some(worker_id):
-                    got = self._take(worker_id)
-                    if got is not None:
-                        return got
+                try:
+                    self._readers[worker_id].fill()
+                except EOFError:
+                    self._forget_pipe(worker_id)  # the worker is gone: its sentinel says why
+                    continue
+                got = self._take(worker_id)
+                if got is not None:
+                    return got
 
-    def _read_some(self, worker_id: int) -> bool:
-        """One read of a readable answer pipe; False at its end (the worker is
-        gone: its sentinel says why), and the pipe is watched no more."""
-        reader = self._readers[worker_id]
-        try:
-            reader.fill()
-        except EOFError:
-            self._poller.unregister(reader.fd)
-            self._worker_pollers[worker_id].unregister(reader.fd)
-            del self._worker_of_fd[reader.fd]
-            return False
-        return True
+    def _forget_pipe(self, worker_id: int) -> None:
+        """Stop watching the answer pipe of a worker that has closed it."""
+        fd = self._readers[worker_id].fd
+        self._poller.unregister(fd)
+        self._worker_pollers[worker_id].unregister(fd)
+        del self._worker_of_fd[fd]
+
+    def _after_death(self, dead: Any) -> tuple[int, Any]:
+        """An answer the dead worker sent before it died, while one is unread;
+        then ``WorkerDied``."""
+        got = self._answer_left_by(self.processes.index(dead))
+        if got is not None:
+            return got
+        dead.join(timeout=1.0)
+        raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
 
     def _answer_left_by(self, worker_id: int) -> tuple[int, Any] | None:
         """The next answer a dead worker sent before it died, if one is unread."""
@@ -443,7 +445,10 @@ class WorkerPool:
         # Never blocks: only what is in the pipe already is read (a process
         # forked while this pipe was open might still hold its writing end).
         while got is None and fd in self._worker_of_fd and select.select([fd], [], [], 0)[0]:
-            if not self._read_some(worker_id):
+            try:
+                self._readers[worker_id].fill()
+            except EOFError:
+                self._forget_pipe(worker_id)
                 break
             got = self._take(worker_id)
         return got
