@@ -683,6 +683,49 @@ def test_standard_pipeline_runs_fused_and_gives_the_transforms_own_pixels(tmp_pa
     assert draft_spy == []
 
 
+@pytest.mark.parametrize("flip", [True, False], ids=["flip", "no-flip"])
+def test_an_empty_crop_of_a_one_pixel_image_gives_the_transforms_own_pixels(tmp_path, flip):
+    # A 1x2 image and ratio (3, 4): torchvision's fallback box is 0 pixels
+    # high, and Pillow resizes that empty region to zeros.  The fused resize
+    # raised "empty array" instead.
+    os.makedirs(f"{tmp_path}/c")
+    Image.fromarray(np.full((2, 1, 3), 200, np.uint8)).save(f"{tmp_path}/c/a.png")
+    steps = [T.RandomResizedCrop(4, ratio=(3.0, 4.0))]
+    steps += [T.RandomHorizontalFlip(), T.ToArray()] if flip else [T.ToArray()]
+    pipeline = T.Compose(steps)
+    ds = ImageFolder(str(tmp_path), transform=pipeline)
+    seed_transform_rng(0, 0)
+    got = ds[0][0]
+    seed_transform_rng(0, 0)
+    expected = pipeline(pil_loader(f"{tmp_path}/c/a.png"))
+    assert got.shape == expected.shape == (3, 4, 4) and np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("resize", [T.Resize(None, max_size=186), T.Resize(10, max_size=20)],
+                         ids=repr)
+def test_an_output_with_no_pixels_fails_as_pillow_does_naming_the_file(tmp_path, resize):
+    # A 1-pixel-wide image resized by its longer side: the width rounds to 0.
+    # Called directly, Pillow refuses ("height and width must be > 0"); the
+    # planned decode divided by that 0 width.
+    os.makedirs(f"{tmp_path}/c")
+    Image.fromarray(np.full((554, 1, 3), 90, np.uint8)).save(f"{tmp_path}/c/a.png")
+    with pytest.raises(ValueError, match="height and width must be > 0"):
+        resize(pil_loader(f"{tmp_path}/c/a.png"))
+    for pipeline in (resize, T.Compose([resize, T.ToArray()])):
+        with pytest.raises(ValueError, match=r"a\.png.*height and width must be > 0"):
+            ImageFolder(str(tmp_path), transform=pipeline)[0]
+
+
+def test_a_plan_that_changes_nothing_gives_a_plain_image_as_pil_loader_does(tmp_path):
+    os.makedirs(f"{tmp_path}/c")
+    save_image(f"{tmp_path}/c/a.jpg", size=(40, 30), seed=0)
+    for transform in (T.Resize(30), T.Compose([T.Resize((30, 40)), T.RandomHorizontalFlip(0.0)])):
+        got = ImageFolder(str(tmp_path), transform=transform)[0][0]
+        expected = transform(pil_loader(f"{tmp_path}/c/a.jpg"))
+        assert type(got) is type(expected) is Image.Image
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+
+
 def test_a_missing_file_keeps_errno_and_filename(tmp_path):
     root = str(tmp_path)
     path = save_image(f"{root}/a/0.png", size=(8, 8))

@@ -124,10 +124,15 @@ def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any]
             reduction = _draft(img, reduction)
         img = _as_rgb(img)
     flip_step, fused_steps = _flip_and_to_array(rest)
-    if fused_steps and fusable(img.mode, plan.resample):
+    if fused_steps and not plan.is_empty and fusable(img.mode, plan.resample):
         flip = flip_step.flips() if flip_step is not None else False
         return plan.render_chw(img, reduction, flip), rest[fused_steps:]
-    return plan.render(img, reduction), rest
+    sample = plan.render(img, reduction)
+    if sample is img and type(img) is not Image.Image:
+        # A plan that changes nothing: the decoder's own image (a JpegImageFile)
+        # would reach the caller, where pil_loader gives a plain Image.
+        sample = img.copy()
+    return sample, rest
 
 
 def _flip_and_to_array(steps: Sequence[Any]) -> tuple[RandomHorizontalFlip | None, int]:

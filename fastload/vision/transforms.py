@@ -158,6 +158,14 @@ class RegionPlan:
     size: tuple[int, int]
     resample: int
 
+    @property
+    def is_empty(self) -> bool:
+        """Whether the region or the output has no pixels (a 1-pixel-wide image can
+        give either): then only Pillow's own crop and resize say what happens
+        (an output of zeros, or its ValueError), so nothing may be planned."""
+        left, top, right, bottom = self.box
+        return right <= left or bottom <= top or 0 in self.size
+
     def max_reduction(self) -> int:
         """The largest JPEG reduction (1, 2, 4 or 8) that keeps the region >= the output size.
 
@@ -165,7 +173,7 @@ class RegionPlan:
         wide; while that is still at least the output width (and likewise for
         height) the result differs from a full decode only by resampling error.
         """
-        if self.resample not in _AVERAGING_FILTERS:
+        if self.resample not in _AVERAGING_FILTERS or self.is_empty:
             return 1
         left, top, right, bottom = self.box
         out_width, out_height = self.size
