@@ -882,10 +882,7 @@ def _convert_containers(data: Any, leaf: Callable[[Any], Any], tuples_as_lists: 
             return converted
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(convert(item) for item in data))
-    if type(data) is tuple:
-        items = [convert(item) for item in data]
-        return items if tuples_as_lists else tuple(items)
-    if isinstance(data, tuple):  # a tuple subclass: torch's rule gives a list too
+    if isinstance(data, tuple):  # a tuple subclass too: torch's rule gives a list
         items = [convert(item) for item in data]
         if tuples_as_lists:
             return items

@@ -357,8 +357,7 @@ class _BaseIter:
         # output="torch": a collated batch's layout says which leaves are data
         # (BatchLayout.as_torch); anything else is converted as torch's
         # default_convert would (to_torch).
-        self._source.as_torch = self._layouts_as_torch = \
-            loader.output == "torch" and self._source.default_collate
+        self._source.as_torch = loader.output == "torch" and self._source.default_collate
         self._to_torch = loader.output == "torch" and not self._source.default_collate
         self._dataset = loader.dataset
         self._iterable = loader._iterable
@@ -700,7 +699,7 @@ class _MultiProcessIter(_BaseIter):
                 worker, (kind, batch_no, slot_id, _, payload) = ready
                 if kind == "batch":
                     layout, values = payload
-                    if self._layouts_as_torch:
+                    if self._source.as_torch:
                         layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
                     self._dispatch()
