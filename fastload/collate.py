@@ -132,9 +132,12 @@ class ArraySlot:
         return array
 
     def matches(self, other: Any, values: list) -> bool:
+        # Equal dtypes may still differ in their scalar type (np.longlong and
+        # np.int64 are equal on Linux): char tells them apart.
         return type(other) is ArraySlot and other.offset == self.offset \
             and other.shape == self.shape and other.as_torch == self.as_torch \
             and (other.dtype is self.dtype or (other.dtype == self.dtype
+                                               and other.dtype.char == self.dtype.char
                                                and other.dtype.metadata == self.dtype.metadata))
 
     def __reduce__(self):
@@ -144,6 +147,9 @@ class ArraySlot:
         dtype = self.dtype
         token = dtype.str if dtype.fields is None and dtype.metadata is None \
             and dtype.kind not in "OV" else dtype
+        if token is not dtype and dtype.isnative and np.dtype(token).char != dtype.char:
+            # np.longlong's string is int64's ('<i8'), and so is its pickle: its char is its own.
+            token = dtype.char
         return (_rebuild_array_slot, (self.offset, token, self.shape, self.as_torch))
 
 
@@ -175,6 +181,15 @@ class Value:
         return (Value, (self.value,))
 
 
+def _same_key_types(keys: list, other_keys: list) -> bool:
+    """Whether two lists of equal keys also have the same types: ``1``, ``True``
+    and ``1.0`` are equal, but a batch keeps its own sample's keys."""
+    for key, other in zip(keys, other_keys):  # a loop: a third faster than all() (per batch)
+        if type(key) is not type(other):
+            return False
+    return True
+
+
 class MappingNode:
     """A mapping; rebuilt as torch rebuilds it (clone of the sample's type when it can)."""
 
@@ -197,6 +212,7 @@ class MappingNode:
         # A template (a mapping subclass's clone) may carry state: not compared, never matches.
         return type(other) is MappingNode and other.mapping_type is self.mapping_type \
             and self.template is None and other.template is None and other.keys == self.keys \
+            and _same_key_types(self.keys, other.keys) \
             and _children_match(self.children, other.children, values)
 
     def __reduce__(self):
@@ -927,6 +943,12 @@ def tensor_as_numpy(tensor: Any) -> np.ndarray:
     tensor = tensor.detach().cpu()
     try:
         return tensor.numpy()
+    except RuntimeError:
+        if not (tensor.is_conj() or tensor.is_neg()):
+            raise
+        # A lazy conj() or negation (a bit on the tensor, not in its bytes),
+        # which numpy() refuses: its values, materialized, as torch's collate takes them.
+        return tensor_as_numpy(tensor.resolve_conj().resolve_neg())
     except TypeError:
         import torch
 

@@ -34,7 +34,8 @@ from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import IterableDataset
 from fastload.fetch import BatchSource
 from fastload.layout_wire import LayoutReceiver
-from fastload.pool import WorkerDied, WorkerPool, ctrl_c_deferred, pickle_for_workers
+from fastload.pool import WorkerDied, WorkerPool, ctrl_c_deferred, join_exiting_workers, \
+    pickle_for_workers
 from fastload.resume import EpochProgress, TorchGeneratorState, check_state, make_state, \
     sampler_chain, torch_generator_of, warn_if_order_unknown
 from fastload.ring import Ring, SharedMemoryError, SpareSlots
@@ -84,8 +85,11 @@ class DataLoader:
                  in_order: bool = True, pin_memory_device: str = "",
                  output: str = "numpy") -> None:
         if not isinstance(num_workers, numbers.Integral):  # numpy's integers too, as torch
-            raise TypeError(f"num_workers should be an integer, but got "
-                            f"{type(num_workers).__name__} {num_workers!r}")
+            # torch compares it with 0 and only counts workers with it, so a
+            # float zero loads in the main process; any other float fails there.
+            if not (isinstance(num_workers, numbers.Real) and num_workers == 0):
+                raise TypeError(f"num_workers should be an integer, but got "
+                                f"{type(num_workers).__name__} {num_workers!r}")
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; "
                              "use num_workers=0 to disable multiprocessing.")
@@ -178,6 +182,7 @@ class DataLoader:
         # after a `break`, an exception or Ctrl-C still says where it stopped.
         self._progress: EpochProgress | None = None
         self._warned_unknown_order = False
+        self._reaps_workers_when_gone = False  # see _reap_workers_when_gone
         # Ring slots one epoch of new workers leaves for the next (fork only):
         # NOTE [ Slots that outlive an epoch ] in ring.py.
         self._spare_slots = SpareSlots()
@@ -252,16 +257,21 @@ class DataLoader:
         if self.pin_memory:
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=2)
-        resume, self._pending_state = self._pending_state, None
+        # A loaded state stays pending until an epoch has begun from it: an
+        # iter() that raises (a dataset's len(), a worker failing to start)
+        # leaves it to the next try.
+        resume = self._pending_state
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None or self._iterator.closed:
                 self._iterator = _MultiProcessIter(self, resume)
             else:
                 self._iterator.reset(self, resume)
+            self._pending_state = None
             self._progress = self._iterator.progress
             return self._iterator
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
+        self._pending_state = None
         # Only a weak reference: dropping the iterator (a `break`) must stop
         # its workers at once, as torch's does.
         self._last_iterator = weakref.ref(iterator)
@@ -274,7 +284,15 @@ class DataLoader:
         # refuses to be pickled as torch's does.
         state = self.__dict__.copy()
         state["_last_iterator"] = None
+        state["_reaps_workers_when_gone"] = False  # the finalizer is this loader's, not the copy's
         return state
+
+    def _reap_workers_when_gone(self) -> None:
+        """Once this loader is gone, wait for the workers its last epoch left to
+        exit on their own, and reap them (``join_exiting_workers``)."""
+        if not self._reaps_workers_when_gone:
+            self._reaps_workers_when_gone = True
+            weakref.finalize(self, join_exiting_workers)
 
     def _current_iterator(self) -> "_BaseIter | None":
         if self._iterator is not None:
@@ -334,7 +352,9 @@ def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[An
     receives each batch.  Any other sampler's batches reach the dataset as
     they were yielded, as in torch.
     """
-    if auto_collation and type(index_sampler).__iter__ is BatchSampler.__iter__:
+    # getattr: a batch_sampler may be iterable through __getitem__ alone (or
+    # not at all: then iter() below raises torch's TypeError).
+    if auto_collation and getattr(type(index_sampler), "__iter__", None) is BatchSampler.__iter__:
         epoch = index_sampler._kernel_epoch()
         if epoch is not None:
             return index_sampler._slices(epoch), True
@@ -440,8 +460,19 @@ class _BaseIter:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
 
+class SingleProcessTimeoutError(ValueError, AssertionError):
+    """``timeout > 0`` without workers; torch asserts ``timeout == 0`` at ``iter()``."""
+
+
 class _SingleProcessIter(_BaseIter):
     def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
+        if loader.timeout > 0:
+            # Checked now, as torch does (the attribute may change between epochs).
+            raise SingleProcessTimeoutError(
+                f"timeout={loader.timeout} needs num_workers > 0: it bounds the wait for a "
+                f"worker's batch, and with num_workers=0 the main process makes each batch "
+                f"itself; set timeout=0 (torch: _SingleProcessDataLoaderIter requires "
+                f"timeout == 0)")
         super().__init__(loader)
         self._begin_epoch(resume)
 
@@ -490,8 +521,9 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
     # KeyboardInterrupt: a Ctrl-C during the teardown is sent again after it.
     with ctrl_c_deferred():
         try:
-            # Idle workers (a finished epoch) are reaped in the background.
-            pool.shutdown(wait=bool(tasks))
+            # Waits for the workers, bounded (at a finished epoch's end they
+            # were already told to exit, and left to: see _end_epoch).
+            pool.shutdown()
         finally:
             ring.close([slot for _, slot in tasks.values()])
 
@@ -506,7 +538,7 @@ def _checked_prefetch_factor(prefetch_factor: Any) -> int:
     The loader accepts 0 (torch's "non-negative" check), and the attribute can
     be set between epochs, so only now is it known that workers need it.
     """
-    if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, numbers.Integral):
+    if not isinstance(prefetch_factor, numbers.Integral):  # True is 1, as torch takes it
         raise TypeError(f"prefetch_factor must be an int when num_workers > 0, "
                         f"but got {prefetch_factor!r}")
     if prefetch_factor < 1:
@@ -545,6 +577,8 @@ class _MultiProcessIter(_BaseIter):
         base_seed = self._begin_epoch(resume)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
+        if not self._persistent:
+            loader._reap_workers_when_gone()
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, os.getpid(), self._pool,
                                            self._ring, self._tasks)
         try:
@@ -745,6 +779,11 @@ class _MultiProcessIter(_BaseIter):
             if self._spares is not None:
                 # Every task is answered: no worker writes a slot any more.
                 self._ring.hand_over(self._spares)
+            # The workers are idle: they exit on their own, and the caller's
+            # StopIteration does not wait for their teardown (1-2 ms of a
+            # short epoch).  They are reaped when the next pool starts, or
+            # when the loader goes (DataLoader._reap_workers_when_gone).
+            self._pool.shutdown(wait=False)
             self.shutdown()
 
     # -- teardown ------------------------------------------------------------

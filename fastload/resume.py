@@ -13,6 +13,7 @@ which drop the iterator -- still says where the epoch stopped.
 
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
 from typing import Any
@@ -62,8 +63,59 @@ def describe(loader: Any) -> dict:
     except TypeError:
         length = None
     return {"dataset_length": length, "batch_size": loader.batch_size,
-            "drop_last": loader.drop_last, "sampler": _type_name(loader.sampler),
-            "batch_sampler": _type_name(loader.batch_sampler)}
+            "drop_last": loader.drop_last, "samplers": _sampler_settings(loader)}
+
+
+# The arguments torch's samplers and fastload's share that shape an epoch's
+# batches (seeds and generators are the state itself, restored, not compared).
+_SAMPLER_SETTINGS = ("batch_size", "drop_last", "replacement", "num_samples", "num_replicas",
+                     "rank", "shuffle", "seed")
+
+
+def _sampler_settings(loader: Any) -> dict:
+    """Each sampler that decides the batches, by its place (``batch_sampler``,
+    ``batch_sampler.sampler``, ...): its type, its settings, its length."""
+    root = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    settings = {}
+    for depth, sampler in enumerate(sampler_chain(loader)):
+        entry: dict = {"type": _type_name(sampler)}
+        for name in _SAMPLER_SETTINGS:
+            try:
+                value = getattr(sampler, name)
+            except Exception:  # absent, or a property of the caller's that fails
+                continue
+            if isinstance(value, (bool, np.bool_)):
+                entry[name] = bool(value)
+            elif isinstance(value, numbers.Integral):
+                entry[name] = int(value)
+        try:
+            entry["length"] = len(sampler)  # e.g. SubsetRandomSampler's indices
+        except Exception:
+            pass
+        settings[".".join([root] + ["sampler"] * depth)] = entry
+    return settings
+
+
+def _differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """``(name, recorded, current)`` of each setting the two descriptions disagree on,
+    samplers named by place (``batch_sampler.batch_size``), the innermost first: a
+    change there (a subset's length) shows in the samplers around it too."""
+    found = []
+    for key, value in current.items():
+        if key not in recorded or recorded[key] == value:
+            continue
+        if key == "samplers" and isinstance(recorded[key], dict):
+            places = sorted(set(recorded[key]) | set(value), key=lambda p: (-p.count("."), p))
+            for place in places:
+                old, new = recorded[key].get(place, {}), value.get(place, {})
+                if old.get("type") != new.get("type"):
+                    found.append((place, old.get("type"), new.get("type")))
+                    continue
+                found += [(f"{place}.{name}", old.get(name), new.get(name))
+                          for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        else:
+            found.append((key, recorded[key], value))
+    return found
 
 
 def _type_name(obj: Any) -> str | None:
@@ -95,12 +147,12 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
             raise ValueError(f"DataLoader state_dict has no {key!r}: {state!r:.200}")
     recorded = state["loader"]
     if recorded is not None:
-        current = describe(loader)
-        for key, value in current.items():
-            if key in recorded and recorded[key] != value:
-                raise ValueError(f"this state_dict comes from a DataLoader with {key}="
-                                 f"{recorded[key]!r}, this one has {key}={value!r}; build "
-                                 f"the loader with the same dataset and arguments")
+        differences = _differences(recorded, describe(loader))
+        if differences:
+            name, old, new = differences[0]
+            raise ValueError(f"this state_dict comes from a DataLoader with {name}={old!r}, "
+                             f"this one has {name}={new!r}; build the loader with the same "
+                             f"dataset, samplers and arguments")
     if not isinstance(state["rng_states"], (list, tuple)) \
             or len(state["rng_states"]) != len(sources):
         raise ValueError("this state_dict comes from a DataLoader with other random samplers; "

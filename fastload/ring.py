@@ -503,7 +503,13 @@ class SpareSlots:
         return (SpareSlots, ())
 
     def put(self, segments: list[Segment]) -> None:
-        self._segments.extend(segments)
+        """Keep those of ``segments`` that fit in ``SPARE_BYTES`` with what is kept
+        (or awaited) already, in order; the others are freed with their mappings."""
+        room = SPARE_BYTES - self.nbytes
+        for segment in segments:
+            if segment.size <= room:
+                self._segments.append(segment)
+                room -= segment.size
 
     def await_leases(self, dead: collections.deque[weakref.ref],
                      held: dict[weakref.ref, Segment]) -> None:
@@ -528,7 +534,11 @@ class SpareSlots:
         awaited = []
         for dead, held in self._awaited:
             while dead:
-                self._segments.append(held.pop(dead.popleft()))
+                # A lease that was not kept may land here too, if it died while
+                # its ring was handing over (another thread, a collection).
+                segment = held.pop(dead.popleft(), None)
+                if segment is not None:
+                    self._segments.append(segment)
             if held:
                 awaited.append((dead, held))
         self._awaited = awaited

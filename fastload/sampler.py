@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import os
+import reprlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar
@@ -244,7 +246,13 @@ class WeightedRandomSampler(_SeededSampler):
         # is converted.  A read-only one is copied: the kernels take writable
         # buffers.  (asarray, not array(copy=): a tensor's __array__ rejects
         # numpy 2's copy=.)
-        array = np.asarray(value, dtype=np.float64)
+        given = np.asarray(value)
+        problem = _not_real_numbers(given, value) if given.dtype.kind not in "biuf" else None
+        if problem is not None:
+            # None, strings, a None among numbers: torch's TypeError, before
+            # a float conversion could turn them into NaN or a ValueError.
+            raise TypeError(problem)
+        array = np.asarray(given, dtype=np.float64)
         if not array.flags.writeable:
             array = array.copy()
         if array.ndim != 1:
@@ -405,6 +413,21 @@ def _from_environment(name: str) -> int:
         raise ValueError(f"{name}={value!r} in the environment is not an integer") from None
 
 
+def _not_real_numbers(given: np.ndarray, value: Any) -> str | None:
+    """Why ``value`` (as ``given``, its array of another dtype than numbers) cannot be
+    weights, naming the first bad entry; None for a list of real numbers numpy
+    keeps as objects (``Fraction``s), which torch takes too."""
+    if given.dtype.kind == "O" and given.ndim == 1:
+        for position, entry in enumerate(given):
+            if not isinstance(entry, numbers.Real):
+                return (f"weights should be real numbers, but weights[{position}] is "
+                        f"{reprlib.repr(entry)} ({type(entry).__name__})")
+        return None
+    if given.dtype.kind in "OUSV":
+        return f"weights should be a sequence of real numbers, but got {reprlib.repr(value)}"
+    return f"weights should be real numbers, but got dtype {given.dtype}"
+
+
 class DistributedSampler(Sampler[int]):
     """This rank's share of the dataset, for data-parallel training.
 
@@ -432,6 +455,11 @@ class DistributedSampler(Sampler[int]):
             num_replicas = group.get_world_size() if group is not None else _from_environment("WORLD_SIZE")
         if rank is None:
             rank = group.get_rank() if group is not None else _from_environment("RANK")
+        for name, value in (("num_replicas", num_replicas), ("rank", rank)):
+            if not isinstance(value, numbers.Integral):
+                # torch slices the order with them and fails only when iterated.
+                raise TypeError(f"DistributedSampler: {name} should be an integer, but got "
+                                f"{type(value).__name__} {value!r}")
         if rank >= num_replicas or rank < 0:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
@@ -464,7 +492,13 @@ class DistributedSampler(Sampler[int]):
         if self.shuffle:
             # Every rank must build the same order: it depends on seed + epoch
             # only (torch's manual_seed takes the same value modulo 2**64).
-            order = _core.permutation(n, (self.seed + self.epoch) % (1 << 64))
+            seed = self.seed + self.epoch
+            if not isinstance(seed, numbers.Integral):
+                # torch's type: its manual_seed raises RuntimeError here.
+                raise RuntimeError(f"DistributedSampler shuffles with seed + epoch, which must "
+                                   f"be an integer, but got seed={self.seed!r}, "
+                                   f"epoch={self.epoch!r}")
+            order = _core.permutation(n, seed % (1 << 64))
         else:
             order = np.arange(n, dtype=np.int64)
         if self.drop_last:

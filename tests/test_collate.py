@@ -578,6 +578,25 @@ def test_tensors_of_any_dtype_stack_and_promote_as_torchs_do(torch, dtypes, num_
     assert torch.equal(ours, theirs)
 
 
+@pytest.mark.parametrize("view", ["conj", "neg"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lazily_conjugated_or_negated_tensors_collate_and_travel_as_torchs(torch, view, num_workers):
+    # conj() of a complex tensor (and .imag of that) only set a bit that
+    # numpy() refuses; torch's collate stacks their values.
+    def make(i):
+        tensor = torch.tensor([1.0 + 2.0j, float(i) - 1.0j])
+        return tensor.conj() if view == "conj" else tensor.conj().imag
+
+    samples = [make(i) for i in range(4)]
+    assert samples[0].is_conj() if view == "conj" else samples[0].is_neg()
+    ours = list(fastload.DataLoader(samples, batch_size=4, num_workers=num_workers))[0]
+    assert torch.equal(ours, torch.utils.data.default_collate(samples))
+    # A custom collate_fn's tensor: returned as it is, or moved through the ring.
+    packed = list(fastload.DataLoader(samples, batch_size=4, num_workers=num_workers,
+                                      collate_fn=lambda batch: {"t": batch[1]}))[0]["t"]
+    assert torch.equal(packed, samples[1])
+
+
 def test_empty_batch_raises_index_error_as_torch(torch):
     with pytest.raises(IndexError, match="empty batch"):
         default_collate([])

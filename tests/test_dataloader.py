@@ -249,19 +249,25 @@ def test_iterable_dataset_rejects_samplers_like_torch(torch, kwargs):
 @pytest.mark.timeout(60)
 # torch's iterator __del__ trips over the attributes its failed __init__ never set.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_zero_prefetch_factor_with_workers_fails_at_iter_like_torch(torch, no_leaks):
-    # Both accept it at construction ("non-negative") and refuse it at iter().
-    theirs = torch.utils.data.DataLoader(list(range(6)), batch_size=2, num_workers=2,
-                                         prefetch_factor=0)
-    ours = DataLoader(list(range(6)), batch_size=2, num_workers=2, prefetch_factor=0)
+@pytest.mark.parametrize("attribute, bad, good, num_workers, message", [
+    ("prefetch_factor", 0, 1, 2, "prefetch_factor must be greater than 0"),
+    ("timeout", 0.5, 0, 0, "timeout=0.5 needs num_workers > 0")])
+def test_arguments_torch_checks_at_iter_fail_there_like_torch(torch, no_leaks, attribute, bad,
+                                                              good, num_workers, message):
+    # Both accept them at construction (prefetch_factor=0 is "non-negative";
+    # a timeout is checked only against single-process loading) and refuse
+    # them at iter().
+    kwargs = dict(batch_size=2, num_workers=num_workers, **{attribute: bad})
+    theirs = torch.utils.data.DataLoader(list(range(6)), **kwargs)
+    ours = DataLoader(list(range(6)), **kwargs)
     with pytest.raises(AssertionError):
         iter(theirs)
-    with pytest.raises(AssertionError, match="prefetch_factor must be greater than 0"):
+    with pytest.raises(AssertionError, match=message):
         iter(ours)
     with pytest.raises(ValueError):  # a bad argument, by Python's conventions too
         iter(ours)
-    # The attribute is not guarded: a valid value set afterwards works.
-    ours.prefetch_factor = 1
+    # The attributes are not guarded: a valid value set afterwards works.
+    setattr(ours, attribute, good)
     assert [batch.tolist() for batch in ours] == [[0, 1], [2, 3], [4, 5]]
 
 
@@ -500,6 +506,47 @@ def test_num_workers_may_be_a_numpy_integer_as_in_torch(torch):
         assert ours.num_workers == count and type(ours.num_workers) is int
     with pytest.raises(TypeError, match="num_workers should be an integer.*2.0"):
         DataLoader(list(range(6)), num_workers=2.0)  # torch: TypeError too, at iter()
+
+
+def test_a_float_zero_num_workers_loads_in_process_as_in_torch(torch):
+    # torch only compares num_workers with 0 before it counts workers with it.
+    ours = DataLoader(list(range(5)), batch_size=2, num_workers=0.0)
+    theirs = torch.utils.data.DataLoader(list(range(5)), batch_size=2, num_workers=0.0)
+    assert [b.tolist() for b in ours] == [b.tolist() for b in theirs] == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.timeout(60)
+def test_prefetch_factor_true_counts_as_one_as_in_torch(torch, no_leaks):
+    ours = DataLoader(list(range(6)), batch_size=2, num_workers=2, prefetch_factor=True)
+    theirs = torch.utils.data.DataLoader(list(range(6)), batch_size=2, num_workers=2,
+                                         prefetch_factor=True)
+    assert [b.tolist() for b in ours] == [b.tolist() for b in theirs] == [[0, 1], [2, 3], [4, 5]]
+
+
+class _BatchesByIndex:
+    """A batch_sampler iterable only through ``__getitem__`` (the old sequence protocol)."""
+
+    def __getitem__(self, i):
+        if i >= 2:
+            raise IndexError(i)
+        return [2 * i, 2 * i + 1]
+
+    def __len__(self):
+        return 2
+
+
+def test_a_batch_sampler_iterable_by_getitem_works_as_in_torch(torch):
+    ours = DataLoader(list(range(4)), batch_sampler=_BatchesByIndex())
+    theirs = torch.utils.data.DataLoader(list(range(4)), batch_sampler=_BatchesByIndex())
+    assert [b.tolist() for b in ours] == [b.tolist() for b in theirs] == [[0, 1], [2, 3]]
+
+
+def test_a_batch_sampler_that_is_not_iterable_is_torchs_type_error(torch):
+    with pytest.raises(TypeError) as theirs:
+        iter(torch.utils.data.DataLoader(list(range(4)), batch_sampler=5))
+    with pytest.raises(TypeError) as ours:
+        iter(DataLoader(list(range(4)), batch_sampler=5))
+    assert str(ours.value) == str(theirs.value)
 
 
 def _masked_collate(samples):

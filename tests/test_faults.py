@@ -445,12 +445,18 @@ def test_persistent_worker_killed_between_epochs_raises_runtime_error(no_leaks):
     assert _prefix_entries(prefix) == []
 
 
+def _children_among(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still this process's children: running, or exited and not reaped."""
+    import psutil
+
+    return [p.pid for p in psutil.Process().children() if p.pid in pids]
+
+
 @pytest.mark.timeout(60)
 def test_finished_epochs_leave_no_process_behind(no_leaks):
     # Idle workers exit on their own at the end of an epoch; nobody waits for
-    # them then, and the next epoch reaps them: no zombie piles up.
-    import psutil
-
+    # them then, and the next epoch reaps them: no zombie piles up.  Once the
+    # loader is gone, not even its last epoch's workers are left unreaped.
     loader = fl.DataLoader(SquareDataset(64, (2,)), batch_size=4, num_workers=2)
     seen = []
     for _ in range(5):
@@ -458,8 +464,34 @@ def test_finished_epochs_leave_no_process_behind(no_leaks):
         seen += iterator.worker_pids
         assert len(list(iterator)) == 16
     assert _wait_gone(seen, 5.0) == []
-    leftovers = [p.pid for p in psutil.Process().children() if p.pid in seen]
+    leftovers = _children_among(seen)
     assert len(leftovers) <= 2, f"unreaped workers of earlier epochs: {leftovers}"
+    del loader, iterator
+    assert _children_among(seen) == [], "the loader is gone, its workers are not reaped"
+
+
+@pytest.mark.timeout(60)
+def test_persistent_workers_are_reaped_when_their_loader_goes(no_leaks):
+    loader = fl.DataLoader(SquareDataset(16, (2,)), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    iterator = iter(loader)
+    pids = iterator.worker_pids
+    assert len(list(iterator)) == 4
+    del loader, iterator
+    assert _children_among(pids) == [], "workers left unreaped (zombies)"
+
+
+@pytest.mark.timeout(60)
+def test_workers_are_reaped_when_a_loop_left_by_the_last_batchs_error_is_dropped(no_leaks):
+    # Every task answered when the error comes: nothing is in flight, but the
+    # epoch did not end, so the workers are waited for when the iterator goes.
+    loader = fl.DataLoader(FaultyDataset(16, bad=13), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    pids = iterator.worker_pids
+    with pytest.raises(ValueError, match="bad sample"):
+        list(iterator)
+    del iterator
+    assert _children_among(pids) == [], "workers left unreaped (zombies)"
 
 
 @pytest.mark.timeout(60)

@@ -192,7 +192,8 @@ def test_a_distributed_sampler_checkpointed_between_epochs_follows_set_epoch():
     (dict(batch_size=2), "batch_size=7, this one has batch_size=2"),
     (dict(length=50), "dataset_length=20, this one has dataset_length=50"),
     (dict(drop_last=True), "drop_last=False, this one has drop_last=True"),
-    (dict(sampler="weighted"), "sampler="),
+    (dict(sampler="weighted"), "batch_sampler.sampler='fastload.sampler.RandomSampler', this "
+                               "one has batch_sampler.sampler='fastload.sampler.WeightedRandomSampler'"),
 ])
 def test_a_state_from_a_loader_built_otherwise_is_refused_when_loaded(change, field):
     def make(length=20, batch_size=7, drop_last=False, sampler=None):
@@ -210,6 +211,75 @@ def test_a_state_from_a_loader_built_otherwise_is_refused_when_loaded(change, fi
     state = loader.state_dict()
     with pytest.raises(ValueError, match=field):
         make(**change).load_state_dict(state)
+
+
+def _batch_sampled(sampler=None, batch_size=4, drop_last=False):
+    dataset = fl.ArrayDataset(np.arange(24))
+    sampler = sampler if sampler is not None else fl.RandomSampler(dataset, generator=0)
+    return DataLoader(dataset, batch_sampler=fl.BatchSampler(sampler, batch_size, drop_last))
+
+
+def _sampled(sampler):
+    return DataLoader(fl.ArrayDataset(np.arange(24)), batch_size=4, sampler=sampler)
+
+
+@pytest.mark.parametrize("make, other, field", [
+    (_batch_sampled, lambda: _batch_sampled(batch_size=8),
+     "batch_sampler.batch_size=4, this one has batch_sampler.batch_size=8"),
+    (_batch_sampled, lambda: _batch_sampled(drop_last=True),
+     "batch_sampler.drop_last=False, this one has batch_sampler.drop_last=True"),
+    (lambda: _sampled(fl.DistributedSampler(range(24), 2, 0, shuffle=True)),
+     lambda: _sampled(fl.DistributedSampler(range(24), 2, 0, shuffle=False)),
+     "batch_sampler.sampler.shuffle=True, this one has batch_sampler.sampler.shuffle=False"),
+    (lambda: _sampled(fl.DistributedSampler(range(24), 2, 0)),
+     lambda: _sampled(fl.DistributedSampler(range(24), 2, 1)), "sampler.rank=0, this one has"),
+    (lambda: _sampled(fl.RandomSampler(range(24), generator=0)),
+     lambda: _sampled(fl.RandomSampler(range(24), replacement=True, generator=0)),
+     "sampler.replacement=False, this one has"),
+    (lambda: _sampled(fl.SubsetRandomSampler(range(24), generator=0)),
+     lambda: _sampled(fl.SubsetRandomSampler(range(12), generator=0)),
+     "batch_sampler.sampler.length=24, this one has batch_sampler.sampler.length=12"),
+], ids=["batch size", "drop_last", "shuffle", "rank", "replacement", "subset"])
+def test_a_state_from_samplers_built_otherwise_is_refused_when_loaded(make, other, field):
+    # The samplers' own settings, not only their types: each of these would
+    # have resumed into other batches, skipping or repeating samples.
+    loader = make()
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match=field):
+        other().load_state_dict(state)
+    make().load_state_dict(state)  # the same arguments: taken
+
+
+def test_a_state_survives_an_iter_that_raised_before_the_epoch_began():
+    class FlakyLength(fl.Dataset):
+        fail_next = False
+
+        def __len__(self):
+            if self.fail_next:
+                self.fail_next = False
+                raise OSError("the index file could not be read")
+            return 12
+
+        def __getitem__(self, i):
+            return i
+
+    def make():
+        return DataLoader(FlakyLength(), batch_size=3, shuffle=True, generator=0)
+
+    expected = uninterrupted(make, epochs=1)[0]
+    source = make()
+    iterator = iter(source)
+    seen = firsts([next(iterator)])
+    state = source.state_dict()
+    loader = make()
+    loader.load_state_dict(state)
+    loader.dataset.fail_next = True
+    with pytest.raises(OSError, match="index file"):
+        iter(loader)
+    assert loader.state_dict() == state  # still pending
+    assert seen + firsts(loader) == expected
 
 
 def test_a_broken_state_is_refused_when_loaded_and_disturbs_nothing():

@@ -10,6 +10,7 @@ against the public iteration it must reproduce.
 import subprocess
 import sys
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -195,7 +196,60 @@ def test_weighted_random_sampler_weights_reassigned():
     assert set(s) == {1}
 
 
+@pytest.mark.parametrize("weights", [None, "abc", [1.0, None], [1.0, "a", 2.0], [1 + 2j, 1.0]])
+def test_weights_that_are_not_real_numbers_are_torchs_type_error(torch, weights):
+    with pytest.raises(TypeError):
+        torch.utils.data.WeightedRandomSampler(weights, 2)
+    with pytest.raises(TypeError, match="weights should be"):
+        fs.WeightedRandomSampler(weights, 2)
+
+
+def test_a_bad_weight_among_many_is_named_by_its_position():
+    with pytest.raises(TypeError, match=r"weights\[1000\] is None"):
+        fs.WeightedRandomSampler(list(range(1000)) + [None], 2)
+
+
+def test_weights_of_real_number_objects_are_taken_as_in_torch(torch):
+    weights = [Fraction(1, 2), 0, Fraction(3, 2)]
+    assert torch.utils.data.WeightedRandomSampler(weights, 2).weights.tolist() == [0.5, 0, 1.5]
+    sampler = fs.WeightedRandomSampler(weights, 40, generator=0)
+    assert sampler.weights.tolist() == [0.5, 0, 1.5] and set(sampler) == {0, 2}
+
+
 # --- distributed --------------------------------------------------------------
+
+@pytest.mark.parametrize("arguments", [dict(num_replicas=2, rank=0.5), dict(num_replicas=2, rank=1.5),
+                                       dict(num_replicas=2.0, rank=1), dict(num_replicas=1.5, rank=0)])
+def test_distributed_non_integer_rank_or_replicas_is_torchs_type_error(torch, arguments):
+    theirs = torch.utils.data.DistributedSampler(range(10), **arguments)
+    with pytest.raises(TypeError):  # torch: when iterated, slicing with a float
+        list(theirs)
+    name = "rank" if isinstance(arguments["rank"], float) else "num_replicas"
+    with pytest.raises(TypeError, match=f"DistributedSampler: {name} should be an integer"):
+        fs.DistributedSampler(range(10), **arguments)
+
+
+def test_distributed_rank_and_replicas_may_be_numpy_integers(td):
+    ours = fs.DistributedSampler(range(10), num_replicas=np.int64(2), rank=np.int32(1), shuffle=False)
+    theirs = td.DistributedSampler(range(10), num_replicas=np.int64(2), rank=np.int32(1),
+                                   shuffle=False)
+    assert list(ours) == list(theirs) == [1, 3, 5, 7, 9]
+
+
+@pytest.mark.parametrize("seed, epoch", [(1.5, 0), (0, 1.5)])
+def test_distributed_non_integer_seed_or_epoch_fails_when_shuffling_as_in_torch(td, seed, epoch):
+    theirs = td.DistributedSampler(range(10), 2, 0, seed=seed)
+    ours = fs.DistributedSampler(range(10), 2, 0, seed=seed)
+    theirs.set_epoch(epoch)
+    ours.set_epoch(epoch)
+    with pytest.raises(RuntimeError):
+        list(theirs)
+    with pytest.raises(RuntimeError, match=f"seed={seed!r}, epoch={epoch!r}"):
+        list(ours)
+    # Without shuffling neither uses the seed.
+    unshuffled = fs.DistributedSampler(range(10), 2, 0, shuffle=False, seed=seed)
+    assert list(unshuffled) == list(td.DistributedSampler(range(10), 2, 0, shuffle=False,
+                                                          seed=seed)) == [0, 2, 4, 6, 8]
 
 @pytest.mark.parametrize("n", [0, 1, 5, 10, 11, 12])
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4, 7])

@@ -318,6 +318,28 @@ def test_normalize_validation_and_repr():
     assert repr(T.Normalize([0.5], [0.2])) == "Normalize(mean=[0.5], std=[0.2])"
 
 
+@pytest.mark.parametrize("mean, std, error, message", [
+    (None, [1.0], TypeError, "mean should be numbers, but got None"),
+    ([0.5], None, TypeError, "std should be numbers, but got None"),
+    ([0.5, "a", 0.2], [1.0], TypeError, "mean should be numbers"),
+    ([[0.1, 0.2, 0.3]], [1.0], RuntimeError, r"mean should be one number or one per channel, "
+                                             r"but got shape \(1, 3\)"),
+    ([0.5], [[1.0], [2.0], [3.0]], RuntimeError, r"std .* shape \(3, 1\)")])
+def test_normalize_refuses_a_mean_or_std_that_is_not_per_channel_numbers(mean, std, error, message):
+    # torchvision: TypeError (not numbers) or its broadcasting's RuntimeError;
+    # never NaNs (None) or a silent reshape of a 2-D mean.
+    for dtype in (np.float32, np.uint8):
+        with pytest.raises(error, match=message):
+            T.Normalize(mean, std)(np.ones((3, 4, 3), dtype))
+
+
+def test_normalize_takes_a_scalar_or_a_tensor_mean(torch):
+    x = np.full((3, 2, 2), 1.0, np.float32)
+    assert np.array_equal(T.Normalize(0.5, 0.25)(x), np.full((3, 2, 2), 2.0, np.float32))
+    got = T.Normalize(torch.tensor([0.5, 0.0, 1.0]), [0.5])(x)
+    assert got[:, 0, 0].tolist() == [1.0, 2.0, 0.0]
+
+
 def test_sizes_are_taken_as_torchvision_takes_them():
     img = photo(64, 48)
     assert T.CenterCrop(np.array([10, 20]))(img).size == (20, 10)  # anything with two items

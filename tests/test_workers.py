@@ -90,6 +90,33 @@ def test_mapping_subclasses_come_back_from_workers_as_themselves():
     assert multi[-1].default_factory is list
 
 
+def test_equal_keys_of_other_types_come_back_from_workers_as_the_samples_have_them(torch):
+    # 1, True and 1.0 are equal keys: a worker reusing the layout of the batch
+    # before (num_workers=1: every batch from one worker) kept its key types.
+    samples = [{1: np.full(2, i)} for i in range(2)] + [{True: np.full(2, i)} for i in range(2)]
+    samples += [{1.0: np.full(2, i)} for i in range(2)] + [{np.int64(1): np.full(2, i)}
+                                                          for i in range(2)]
+
+    def key_types(loader):
+        return [[type(key) for key in batch] for batch in loader]
+
+    expected = key_types(torch.utils.data.DataLoader(samples, batch_size=2, num_workers=1))
+    assert expected == [[int], [bool], [float], [np.int64]]
+    assert key_types(DataLoader(samples, batch_size=2)) == expected
+    assert key_types(DataLoader(samples, batch_size=2, num_workers=1)) == expected
+    custom = key_types(DataLoader(samples, batch_size=2, num_workers=1, collate_fn=lambda b: b[0]))
+    assert custom == expected
+
+
+def test_equal_dtypes_of_other_scalar_types_come_back_from_workers_as_they_were():
+    # np.longlong and np.int64 are equal dtypes on Linux, with their own scalar types.
+    samples = [np.arange(3, dtype=np.longlong)] * 2 + [np.arange(3, dtype=np.int64)] * 2
+    single = [batch.dtype.char for batch in DataLoader(samples, batch_size=2)]
+    multi = [batch.dtype.char for batch in DataLoader(samples, batch_size=2, num_workers=1)]
+    assert single == multi == [np.dtype(np.longlong).char, np.dtype(np.int64).char]
+    assert type(next(iter(DataLoader(samples, batch_size=2, num_workers=1)))[0, 0]) is np.longlong
+
+
 def test_in_order_false_yields_every_batch_once():
     loader = DataLoader(fl.ArrayDataset(np.arange(300)), batch_size=10, num_workers=2,
                         in_order=False)

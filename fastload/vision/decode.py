@@ -43,6 +43,7 @@ steps one by one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from PIL import Image
@@ -110,7 +111,8 @@ def _plans_its_call(step: Any) -> bool:
     return call_owner is not None and "plan_region" in vars(call_owner)
 
 
-def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = ()
+def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = (),
+                   reading: AbstractContextManager = nullcontext()
                    ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
     """``(sample, steps_left)``: ``head(pil_loader(path))``, then the steps of ``rest`` it took.
 
@@ -118,15 +120,22 @@ def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any]
     ``rest`` begins with ``[RandomHorizontalFlip,] ToArray`` those two run
     fused into the resampling (``RegionPlan.render_chw``: the same pixels and
     the same random draw, in one pass), and ``steps_left`` is what follows them.
+    Opening and decoding the file run inside ``reading`` (the folder names the
+    sample in their errors, as around its loader); the transforms' steps,
+    interleaved with them, raise their own errors as they are.
     """
-    with open(path, "rb") as f:
-        img = Image.open(f)
-        full_width, full_height = img.size
+    with reading:
+        f = open(path, "rb")
+    with f:
+        with reading:
+            img = Image.open(f)
+            full_width, full_height = img.size
         plan = head.plan_region(full_width, full_height)
         reduction = plan.max_reduction()
-        if reduction > 1:
-            reduction = _draft(img, reduction)
-        img = _as_rgb(img)
+        with reading:
+            if reduction > 1:
+                reduction = _draft(img, reduction)
+            img = _as_rgb(img)
     flip_step, fused_steps = _flip_and_to_array(rest)
     if fused_steps and not plan.is_empty and fusable(img.mode, plan.resample):
         flip = flip_step.flips() if flip_step is not None else False

@@ -182,6 +182,33 @@ def make_dataset(directory: str | os.PathLike, class_to_idx: dict[str, int] | No
     return list(_iter_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty))
 
 
+class _SampleFileErrors:
+    """A context in which sample ``index``'s file is read: an exception raised in it
+    is re-raised naming the sample and its path (``_error_naming_sample``), and
+    ``raised`` records that it was.
+
+    Only the reading: a transform's own error (a bad argument) keeps its
+    message, as it would after torchvision's loader.
+    """
+
+    __slots__ = ("path", "index", "raised")
+
+    def __init__(self, path: str, index: int) -> None:
+        self.path, self.index, self.raised = path, index, False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        if not isinstance(error, Exception):
+            return False  # no error, or a KeyboardInterrupt / SystemExit: as it is
+        self.raised = True
+        renamed = _error_naming_sample(error, self.path, self.index)
+        if renamed is error:
+            return False  # annotated in place: let it go on
+        raise renamed from error
+
+
 def _error_naming_sample(error: BaseException, path: str, index: int) -> BaseException:
     """The same kind of error, with a message that names the sample and its file.
 
@@ -312,20 +339,26 @@ class DatasetFolder(Dataset):
             head, rest = split_planned_head(transform)
         else:
             head = None
+        reading = _SampleFileErrors(path, index)
         try:
             if head is not None:
-                sample, rest = decode_planned(path, head, rest)
+                sample, rest = decode_planned(path, head, rest, reading)
             else:
-                sample = loader(path)
+                with reading:
+                    sample = loader(path)
+            if head is not None:
+                for step in rest:
+                    sample = step(sample)
+            elif transform is not None:
+                sample = transform(sample)
+            if self.target_transform is not None:
+                target = self.target_transform(target)
         except Exception as error:
-            raise _error_naming_sample(error, path, index) from error
-        if head is not None:
-            for step in rest:
-                sample = step(sample)
-        elif transform is not None:
-            sample = transform(sample)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
+            if not reading.raised:
+                # A transform's error: its own type and message, as torchvision
+                # raises it, and a note (in the traceback) of the sample it met.
+                error.add_note(f"raised by a transform of sample {index} ({path!r})")
+            raise
         return sample, target
 
     def __len__(self) -> int:

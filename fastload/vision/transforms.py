@@ -161,10 +161,11 @@ class RegionPlan:
     @property
     def is_empty(self) -> bool:
         """Whether the region or the output has no pixels (a 1-pixel-wide image can
-        give either): then only Pillow's own crop and resize say what happens
-        (an output of zeros, or its ValueError), so nothing may be planned."""
+        give either, ``Resize(0)`` or ``Resize(-1)`` the output): then only
+        Pillow's own crop and resize say what happens (an output of zeros, or
+        its ValueError), so nothing may be planned."""
         left, top, right, bottom = self.box
-        return right <= left or bottom <= top or 0 in self.size
+        return right <= left or bottom <= top or min(self.size) <= 0
 
     def max_reduction(self) -> int:
         """The largest JPEG reduction (1, 2, 4 or 8) that keeps the region >= the output size.
@@ -500,6 +501,21 @@ class ToArray:
         return f"{self.__class__.__name__}()"
 
 
+def _per_channel(values: Any, name: str, dtype: np.dtype) -> np.ndarray:
+    """``Normalize``'s ``mean`` or ``std`` as a ``(C, 1, 1)`` array, or the error
+    torchvision's broadcasting would raise, naming the argument."""
+    given = np.asarray(values)
+    if given.dtype.kind not in "biuf":
+        # torchvision: TypeError (None) or a failed conversion; never NaN.
+        raise TypeError(f"Normalize: {name} should be numbers, but got {values!r}")
+    if given.ndim > 1:
+        # torchvision reshapes only a 1-D mean/std to (C, 1, 1); any other shape
+        # broadcasts against the image's last axes and fails (or worse).
+        raise RuntimeError(f"Normalize: {name} should be one number or one per channel, but "
+                           f"got shape {given.shape}")
+    return given.astype(dtype, copy=False).reshape(-1, 1, 1)
+
+
 class Normalize:
     """``(x - mean) / std`` per channel on an array shaped ``(..., C, H, W)``.
 
@@ -532,8 +548,8 @@ class Normalize:
         if array.ndim < 3:
             raise ValueError(shape_error)
         dtype = np.float32 if from_uint8 else array.dtype
-        mean = np.asarray(self.mean, dtype=dtype).reshape(-1, 1, 1)
-        std = np.asarray(self.std, dtype=dtype).reshape(-1, 1, 1)
+        mean = _per_channel(self.mean, "mean", dtype)
+        std = _per_channel(self.std, "std", dtype)
         if (std == 0).any():
             raise ValueError(f"std evaluated to zero after conversion to {np.dtype(dtype)}, "
                              f"leading to division by zero.")
