@@ -124,7 +124,7 @@ class ArraySlot:
         if self.as_torch:
             import torch  # only when the samples or a custom collate_fn held tensors
 
-            tensor = torch.from_numpy(array)
+            tensor = torch.from_numpy(_native_byte_order(array))
             torch_dtype = self.dtype.metadata and self.dtype.metadata.get("torch_dtype")
             if torch_dtype:  # see tensor_as_numpy
                 tensor = tensor.view(getattr(torch, torch_dtype.removeprefix("torch.")))
@@ -569,7 +569,8 @@ def torch_promote(dtypes: list) -> np.dtype:
     Raises ``RuntimeError``, as torch does, for uint16/32/64 mixed with
     another dtype that is not a float.
     """
-    distinct = list(dict.fromkeys(dtypes))
+    # Byte order aside (a big-endian uint16 is uint16 to torch's rule).
+    distinct = list(dict.fromkeys(d if d.isnative else d.newbyteorder("=") for d in dtypes))
     if len(distinct) > 1 and _UNPROMOTABLE.intersection(distinct):
         for wide in (d for d in distinct if d in _UNPROMOTABLE):
             other = next((d for d in distinct if d != wide and d.kind != "f"), None)
@@ -964,6 +965,12 @@ def _numpy_dtype_of(torch_dtype: Any) -> np.dtype:
     return tensor_as_numpy(torch.empty((), dtype=torch_dtype)).dtype
 
 
+def _native_byte_order(array: np.ndarray) -> np.ndarray:
+    """``array``, or a copy in native byte order: torch has no big-endian tensors
+    (fastload collates big-endian arrays; ``output="torch"`` gives their values)."""
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
 def to_torch(data: Any) -> Any:
     """``data`` with every numpy array (bar strings and objects) and numpy scalar
     a tensor, sharing the array's memory; containers keep their types (rebuilt
@@ -978,9 +985,10 @@ def to_torch(data: Any) -> Any:
     def leaf(value: Any) -> Any:
         if isinstance(value, np.ndarray):
             return value if _STR_OBJ_DTYPE.search(value.dtype.str) is not None \
-                else torch.as_tensor(value)
+                else torch.as_tensor(_native_byte_order(value))
         if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
-            return torch.as_tensor(value)
+            # Through a 0-d array: torch.as_tensor refuses an np.uint64 scalar.
+            return torch.as_tensor(_native_byte_order(np.asarray(value)))
         return value
 
     return _convert_containers(data, leaf, tuples_as_lists=False)

@@ -263,12 +263,15 @@ class DataLoader:
         resume = self._pending_state
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None or self._iterator.closed:
+                self._check_worker_number_rationality()  # as torch, whenever workers start
                 self._iterator = _MultiProcessIter(self, resume)
             else:
                 self._iterator.reset(self, resume)
             self._pending_state = None
             self._progress = self._iterator.progress
             return self._iterator
+        if self.num_workers > 0:
+            self._check_worker_number_rationality()
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
         self._pending_state = None
@@ -370,6 +373,8 @@ class _BaseIter:
     """
 
     closed = False
+    # Frames from the caller's next() down to _deliver: a warning there points at the caller.
+    _DELIVER_DEPTH = 2
 
     def __init__(self, loader: DataLoader) -> None:
         self._source = BatchSource(loader.dataset, loader._iterable, loader._auto_collation,
@@ -442,8 +447,10 @@ class _BaseIter:
                        f"{self.num_yielded} samples have been fetched. ")
             if self._loader_workers > 0:
                 message += ("For multiprocessing data-loading, this could be caused by not "
-                            "properly configuring the IterableDataset replica at each worker.")
-            warnings.warn(message, stacklevel=3)
+                            "properly configuring the IterableDataset replica at each worker. "
+                            "Please see https://pytorch.org/docs/stable/data.html"
+                            "#torch.utils.data.IterableDataset for examples.")
+            warnings.warn(message, stacklevel=self._DELIVER_DEPTH + 1)  # the caller's line
         if self._to_torch:
             batch = to_torch(batch)
         self.progress.hand(batch_no)
@@ -475,6 +482,10 @@ class _SingleProcessIter(_BaseIter):
                 f"timeout == 0)")
         super().__init__(loader)
         self._begin_epoch(resume)
+        if self._source.iterable:
+            # As torch: the dataset's iter() runs now, so its errors (even a
+            # StopIteration) come out of iter(loader).  (A worker's runs at its first batch.)
+            self._source.open_stream()
 
     def __next__(self) -> Any:
         if self.epoch_finished:
@@ -550,6 +561,8 @@ def _checked_prefetch_factor(prefetch_factor: Any) -> int:
 
 class _MultiProcessIter(_BaseIter):
     """Batches made by worker processes into ring slots, handed out in order."""
+
+    _DELIVER_DEPTH = 3  # __next__, _next, _deliver
 
     def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
         self._prefetch = _checked_prefetch_factor(loader.prefetch_factor)
@@ -682,10 +695,10 @@ class _MultiProcessIter(_BaseIter):
         from a dying worker; dead workers and timeouts raise."""
         got = self._pool.receive(self._timeout, awaited)
         if got is None:
-            # A worker is stuck in the caller's code: letting it finish the batch
-            # would only delay the error, which torch raises at once.
+            # As torch's, the iterator stays usable: the next call waits for the
+            # batch again.  A worker is stuck in the caller's code, though: if
+            # the loop is left now, the workers are terminated, not waited for.
             self._pool.exit_grace = 0.0
-            self.shutdown()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
         kind, batch_no, slot_id, created, payload = reply

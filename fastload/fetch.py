@@ -15,6 +15,7 @@ to make a batch:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Callable
 
@@ -30,6 +31,10 @@ __all__ = ["BatchSource", "array_rows"]
 
 _STRING_OR_OBJECT_KINDS = "SaUO"
 
+# What a stream's ``next()`` never returns: the end of ``BatchSource._samples``
+# (a StopIteration ends it too).
+_NO_SAMPLE = object()
+
 
 def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
     """``(arrays, row_map)`` when ``dataset`` is an ArrayDataset, or Subsets of one.
@@ -40,11 +45,17 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     arrays default_collate would refuse).
     """
     row_map = None
-    while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__:
+    while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__ \
+            and type(dataset).__getitems__ is Subset.__getitems__:
         indices = int64_indices(dataset.indices)  # a list is read once, here
         if indices is None:
             return None
-        row_map = indices if row_map is None else indices[row_map]
+        try:
+            row_map = indices if row_map is None else indices[row_map]
+        except IndexError:
+            # An outer index past the inner Subset: it fails (as in torch) only
+            # in a batch that uses it, sample by sample.
+            return None
         dataset = dataset.dataset
     if type(dataset) is not ArrayDataset:
         return None
@@ -80,7 +91,19 @@ class BatchSource:
         self.as_torch = False
         self._base_seed = 0
         self._iterator = None
+        self._samples: Any = None
         self._exhausted = False
+
+    def open_stream(self) -> None:
+        """Start an IterableDataset's stream: ``iter(dataset)``, once an epoch.
+
+        Samples are then taken with ``next()`` only, as torch takes them: an
+        iterator whose ``__iter__`` starts over (or that has none) must not
+        be iterated again, which ``islice`` over it would do batch after
+        batch; ``_samples`` is a plain iterator of its ``next()``.
+        """
+        self._iterator = iter(self.dataset)
+        self._samples = iter(functools.partial(next, self._iterator), _NO_SAMPLE)
 
     def start_epoch(self, base_seed: int) -> None:
         """Begin an epoch: new transform seeds; an IterableDataset starts over."""
@@ -100,14 +123,14 @@ class BatchSource:
             if self._exhausted:
                 raise StopIteration
             if self._iterator is None:
-                self._iterator = iter(self.dataset)
+                self.open_stream()
             if not self.auto_collation:
                 try:
                     return next(self._iterator)
                 except StopIteration:
                     self._exhausted = True
                     raise
-            samples = list(itertools.islice(self._iterator, self.batch_size))
+            samples = list(itertools.islice(self._samples, self.batch_size))
             if len(samples) < self.batch_size:
                 self._exhausted = True
                 if not samples or self.drop_last:
@@ -130,9 +153,13 @@ class BatchSource:
             return None
         if kernel_batch:  # our BatchSampler's int64 array
             return indices
-        rows = np.asarray(indices)
-        if rows.ndim != 1 or rows.dtype.kind not in "iu" or (rows.dtype.kind == "u" and rows.size
-                                                              and rows.max() > _INT64_MAX):
+        try:
+            rows = np.asarray(indices)
+        except (TypeError, ValueError):  # ragged, e.g. [np.array([1]), 2]
+            return None
+        if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu" \
+                or (rows.dtype.kind == "u" and rows.max() > _INT64_MAX):
+            # An empty batch, too, goes to default_collate, which refuses it.
             return None
         return rows
 

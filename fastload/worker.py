@@ -27,6 +27,8 @@ killed main process leaves neither an orphan nor a segment behind.
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
+import importlib.machinery
 import os
 import pickle
 import platform
@@ -179,17 +181,20 @@ def _seed_everything(seed: int) -> None:
 
 
 def _be_a_torch_worker(info: WorkerInfo) -> None:
-    """Set up torch, if the worker has it loaded, as torch's own workers do.
+    """Set up torch as torch's own workers do: now if the worker has it loaded,
+    else the moment the caller's code imports it.
 
     Code written for torch's DataLoader runs here unchanged: an
     IterableDataset that shards itself by ``torch.utils.data.get_worker_info()``
     (else every worker would yield the whole stream, silently), torch's RNG
     seeded per worker, and one intra-op thread per worker, so that torch ops
     in ``__getitem__`` do not oversubscribe the CPUs.  Torch is never imported
-    here: only a dataset (or its module) that uses it has loaded it.
+    here: only a dataset (or its module) that uses it loads it, perhaps only
+    in its ``__iter__`` (``_TorchImportWatch``).
     """
     torch = sys.modules.get("torch")
     if torch is None:
+        sys.meta_path.insert(0, _TorchImportWatch(info))
         return
     torch.set_num_threads(1)
     torch.manual_seed(info.seed)
@@ -200,6 +205,31 @@ def _be_a_torch_worker(info: WorkerInfo) -> None:
             id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - another torch layout
         pass  # fastload.get_worker_info() still answers
+
+
+class _TorchImportWatch(importlib.abc.MetaPathFinder):
+    """Sets torch up for this worker (``_be_a_torch_worker``) right after the
+    caller's code first imports it: finds ``torch`` as the other finders would,
+    and runs the set-up once its module has executed."""
+
+    def __init__(self, info: WorkerInfo) -> None:
+        self.info = info
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and out of the search below
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, info = spec.loader.exec_module, self.info
+
+        def exec_then_set_up(module: Any) -> None:
+            exec_module(module)
+            _be_a_torch_worker(info)
+
+        spec.loader.exec_module = exec_then_set_up
+        return spec
 
 
 class ParentWatch:

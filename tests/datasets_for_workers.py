@@ -160,3 +160,20 @@ class PageFaultCounting(Dataset):
         temporaries = [np.ones(1 << 20, dtype=np.uint8) for _ in range(4)]
         del temporaries
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+class LazyTorchShards(Dataset):
+    """A map-style dataset that imports torch only inside ``__getitem__`` (this
+    module must not import it), and reports what torch's worker set-up gave it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        import torch  # noqa: PLC0415 - lazily, on purpose
+
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return [-1, -1, -1]
+        return [info.id, info.num_workers, int(torch.get_num_threads() == 1
+                                               and torch.initial_seed() == info.seed)]

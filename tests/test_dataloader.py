@@ -1,6 +1,7 @@
 """DataLoader in one process: torch's arguments, validation, lengths and batches."""
 
 import collections
+import warnings
 
 import numpy as np
 import pytest
@@ -133,6 +134,77 @@ def test_subsets_with_list_indices_take_the_array_fast_path():
     np.testing.assert_array_equal(array_rows(nested)[1], [train.indices[i] for i in (4, 0, -1)])
     assert array_rows(fl.Subset(fl.ArrayDataset(x), [])) is not None
     assert array_rows(fl.Subset(fl.ArrayDataset(x), [True, False])) is None  # torch's 1/0 keys
+
+
+def _torch_batches(torch, loader):
+    """A torch loader's batches as nested lists, or its exception's type."""
+    try:
+        return [[t.tolist() for t in batch] for batch in loader]
+    except Exception as error:  # noqa: BLE001
+        return type(error)
+
+
+def _our_batches(loader):
+    try:
+        return [[a.tolist() for a in batch] for batch in loader]
+    except Exception as error:  # noqa: BLE001
+        return type(error)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("case", ["outer index past the inner subset", "empty batch",
+                                  "ragged indices", "subset overriding __getitems__"])
+def test_batches_the_array_fast_path_cannot_take_are_made_as_torch_makes_them(torch, case,
+                                                                              num_workers):
+    rows = np.arange(10)
+    ours, theirs = fl.ArrayDataset(rows), torch.utils.data.TensorDataset(torch.from_numpy(rows))
+    sampling: dict = dict(batch_size=2)
+    if case == "outer index past the inner subset":
+        # Index 9 of the outer Subset is past the inner one's 5: only the batch
+        # that uses it fails (torch fetches sample by sample); iter() does not.
+        ours = fl.Subset(fl.Subset(ours, range(5)), [3, 4, 9])
+        theirs = torch.utils.data.Subset(torch.utils.data.Subset(theirs, range(5)), [3, 4, 9])
+        sampling = dict(batch_sampler=[[0], [1], [2]])
+    elif case == "empty batch":  # torch's default_collate refuses it (IndexError)
+        sampling = dict(batch_sampler=[[1, 2], np.array([], dtype=np.int64), [3]])
+    elif case == "ragged indices":  # each sample fetched, then collate refuses the shapes
+        sampling = dict(batch_sampler=[[np.array([1]), 2]])
+    else:
+        class Doubled(fl.Subset):
+            def __getitems__(self, indices):
+                return [(row * 2,) for (row,) in super().__getitems__(indices)]
+
+        class TorchDoubled(torch.utils.data.Subset):
+            def __getitems__(self, indices):
+                return [(row * 2,) for (row,) in super().__getitems__(indices)]
+
+        ours, theirs = Doubled(ours, range(4)), TorchDoubled(theirs, range(4))
+    expected = _torch_batches(torch, torch.utils.data.DataLoader(theirs, **sampling))
+    got = _our_batches(DataLoader(ours, num_workers=num_workers, **sampling))
+    if case == "outer index past the inner subset":  # torch's error comes at the third batch
+        assert expected is IndexError
+        loader = iter(DataLoader(ours, num_workers=num_workers, **sampling))
+        assert [next(loader)[0].tolist(), next(loader)[0].tolist()] == [[3], [4]]
+        with pytest.raises(IndexError):
+            next(loader)
+    elif case == "subset overriding __getitems__":
+        assert got == expected == [[[0, 2]], [[4, 6]]]
+    else:
+        assert got == expected and isinstance(expected, type), (got, expected)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_torch_takes_big_endian_arrays_and_uint64_scalars(torch, num_workers):
+    # torch has no big-endian tensors and torch.as_tensor refuses an np.uint64
+    # scalar: fastload's batches of them become tensors of their values.
+    big = fl.ArrayDataset(np.arange(6, dtype=">i4").reshape(3, 2))
+    got = list(DataLoader(big, batch_size=2, num_workers=num_workers, output="torch"))
+    assert got[0][0].dtype == torch.int32 and got[0][0].tolist() == [[0, 1], [2, 3]]
+    rows = fl.ArrayDataset(np.arange(4, dtype=np.uint64))  # rows are np.uint64 scalars
+    custom = list(DataLoader(rows, batch_size=2, num_workers=num_workers, output="torch",
+                             collate_fn=lambda batch: batch[0]))
+    assert [tuple(t.item() for t in batch) for batch in custom] == [(0,), (2,)]
+    assert custom[0][0].dtype == torch.uint64
 
 
 def test_seeded_shuffle_is_reproducible_and_differs_by_epoch_and_seed():
@@ -313,6 +385,121 @@ def test_too_many_workers_warns(torch):
 
     with pytest.warns(UserWarning, match="worker processes in total"):
         DataLoader(NestedDataset(2), num_workers=(os.cpu_count() or 1) + 5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_leaks, persistent):
+    import os
+
+    def count(library):
+        workers = len(os.sched_getaffinity(0)) + 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = library.DataLoader(list(range(4)), batch_size=2, num_workers=workers,
+                                        persistent_workers=persistent)
+            for _ in range(2):
+                list(loader)
+        return sum("worker processes in total" in str(w.message) for w in caught)
+
+    assert count(fl) == count(torch.utils.data) == (2 if persistent else 3)
+
+
+def _stream_classes(torch) -> dict:
+    """IterableDatasets both loaders take (torch's base class), keyed by name."""
+
+    class Resetting(torch.utils.data.IterableDataset):
+        """Its own iterator: ``__iter__`` starts over and returns itself."""
+
+        def __init__(self, n):
+            self.n, self.i = n, 0
+
+        def __iter__(self):
+            self.i = 0
+            return self
+
+        def __next__(self):
+            if self.i >= self.n:
+                raise StopIteration
+            self.i += 1
+            return self.i - 1
+
+    class NextOnly:
+        def __init__(self, n):
+            self.values = iter(range(n))
+
+        def __next__(self):
+            return next(self.values)
+
+    class NextOnlyStream(torch.utils.data.IterableDataset):
+        """``__iter__`` returns an object with ``__next__`` alone (torch only calls next())."""
+
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            return NextOnly(self.n)
+
+    class FailingIter(torch.utils.data.IterableDataset):
+        def __init__(self, error):
+            self.error = error
+
+        def __iter__(self):
+            raise self.error
+
+    return dict(Resetting=Resetting, NextOnlyStream=NextOnlyStream, FailingIter=FailingIter)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("stream", ["Resetting", "NextOnlyStream"])
+def test_a_streams_samples_are_taken_with_next_only_as_torch_takes_them(torch, stream,
+                                                                       num_workers):
+    # Taking a batch with islice called iter() on the stream again: the
+    # resetting one gave its first batch for ever, the other raised TypeError.
+    make = _stream_classes(torch)[stream]
+
+    def batches(library):
+        loader = library.DataLoader(make(5), batch_size=2, num_workers=num_workers)
+        return [list(map(int, batch)) for batch in loader]
+
+    assert batches(fl) == batches(torch.utils.data) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("error", [OSError("no shard list"), StopIteration()])
+def test_a_streams_iter_runs_at_iter_loader_as_in_torch(torch, error):
+    # In process, torch calls iter(dataset) when its iterator is made: its
+    # error (even a StopIteration) comes out of iter(loader), not next().
+    failing = _stream_classes(torch)["FailingIter"](error)
+    with pytest.raises(type(error)):
+        iter(torch.utils.data.DataLoader(failing, batch_size=2))
+    with pytest.raises(type(error)):
+        iter(DataLoader(failing, batch_size=2))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_length_warning_is_torchs_and_points_at_the_callers_loop(torch, num_workers):
+    class Liar(torch.utils.data.IterableDataset):  # a torch dataset, so both loaders take it
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            return iter(range(0 if info is not None and info.id else 6))
+
+        def __len__(self):
+            return 2
+
+    def first_warning(library):
+        loader = library.DataLoader(Liar(), batch_size=None, num_workers=num_workers)
+        len(loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in loader:  # the line both warnings must point at
+                pass
+        warning = next(w for w in caught if "was reported to be" in str(w.message))
+        return str(warning.message).split("but ")[1], warning.filename, warning.lineno
+
+    assert first_warning(fl) == first_warning(torch.utils.data)
+    assert first_warning(fl)[1] == __file__
 
 
 def test_getitems_is_used_when_present():

@@ -543,8 +543,8 @@ def test_worker_os_exit_raises_runtime_error_with_exit_code(no_leaks):
 @pytest.mark.timeout(60)
 def test_timeout_raises_without_waiting_for_the_stuck_workers(no_leaks):
     # The workers are stuck in 4-second samples: the error comes at the
-    # timeout, as torch's does, not once they have finished (the workers are
-    # terminated instead).
+    # timeout, as torch's does, not once they have finished; the loop left
+    # then, they are terminated, not waited for.
     loader = fl.DataLoader(SlowDataset(8, delay=4.0), batch_size=2, num_workers=2, timeout=0.5)
     it = iter(loader)
     pids = it.worker_pids
@@ -553,8 +553,41 @@ def test_timeout_raises_without_waiting_for_the_stuck_workers(no_leaks):
         next(it)
     elapsed = time.monotonic() - start
     assert 0.4 < elapsed < 2.5, elapsed
-    assert _wait_gone(pids, 1.0) == []
+    start = time.monotonic()
     del it
+    assert time.monotonic() - start < 1.5
+    assert _wait_gone(pids, 1.0) == []
+
+
+class _OneSlowSample(SquareDataset):
+    def __getitem__(self, i):
+        if i == 2:
+            time.sleep(1.0)
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(60)
+def test_after_a_timeout_the_iterator_goes_on_as_torchs_does(torch, no_leaks):
+    # torch raises and keeps its iterator: the next call waits for the batch
+    # again.  (Ending the epoch there lost the rest of it without a word.)
+    def outcomes(library):
+        loader = library.DataLoader(_OneSlowSample(8, (2,)), batch_size=2, num_workers=2,
+                                    timeout=0.4, collate_fn=lambda batch: [int(s[1]) for s in batch])
+        it, seen = iter(loader), []
+        while True:
+            try:
+                seen.append(next(it))
+            except RuntimeError as error:
+                assert "timed out after 0.4 seconds" in str(error)
+                seen.append("timeout")
+            except StopIteration:
+                return seen
+
+    ours = outcomes(fl)
+    assert [b for b in ours if b != "timeout"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert "timeout" in ours
+    assert [b for b in outcomes(torch.utils.data) if b != "timeout"] == \
+        [b for b in ours if b != "timeout"]
 
 
 @pytest.mark.timeout(60)

@@ -437,6 +437,20 @@ def test_a_dataset_written_for_torchs_workers_runs_unchanged(torch):
         [(1, 1, 0, 2), (1, 1, 0, 2), (1, 1, 1, 2), (1, 1, 1, 2)]
 
 
+@pytest.mark.timeout(120)
+def test_torch_imported_only_inside_a_spawned_worker_is_set_up_as_torchs_workers(torch):
+    # A spawned worker starts without torch; the dataset imports it in its
+    # __getitem__, and must still find torch's worker info, one thread, its seed.
+    from datasets_for_workers import LazyTorchShards
+
+    assert "import torch" not in open(sys.modules["datasets_for_workers"].__file__).read().split(
+        "class LazyTorchShards")[0], "the module itself must not import torch"
+    loader = DataLoader(LazyTorchShards(), batch_size=None, num_workers=2,
+                        multiprocessing_context="spawn")
+    assert sorted(tuple(sample) for sample in loader) == [(0, 2, 1), (0, 2, 1), (1, 2, 1),
+                                                          (1, 2, 1)]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_dataset_of_tensors_gives_torchs_batches(torch, num_workers):
     # The default output="numpy", but the samples hold tensors: every array
