@@ -15,8 +15,6 @@ to make a batch:
 
 from __future__ import annotations
 
-import functools
-import itertools
 from typing import Any, Callable
 
 import numpy as np
@@ -30,10 +28,6 @@ from fastload.rng import seed_transform_rng
 __all__ = ["BatchSource", "array_rows"]
 
 _STRING_OR_OBJECT_KINDS = "SaUO"
-
-# What a stream's ``next()`` never returns: the end of ``BatchSource._samples``
-# (a StopIteration ends it too).
-_NO_SAMPLE = object()
 
 
 def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
@@ -91,7 +85,6 @@ class BatchSource:
         self.as_torch = False
         self._base_seed = 0
         self._iterator = None
-        self._samples: Any = None
         self._exhausted = False
 
     def open_stream(self) -> None:
@@ -100,10 +93,10 @@ class BatchSource:
         Samples are then taken with ``next()`` only, as torch takes them: an
         iterator whose ``__iter__`` starts over (or that has none) must not
         be iterated again, which ``islice`` over it would do batch after
-        batch; ``_samples`` is a plain iterator of its ``next()``.
+        batch.  (Nor may a sample be compared with anything, as the
+        two-argument ``iter()`` does with its sentinel: an array would raise.)
         """
         self._iterator = iter(self.dataset)
-        self._samples = iter(functools.partial(next, self._iterator), _NO_SAMPLE)
 
     def start_epoch(self, base_seed: int) -> None:
         """Begin an epoch: new transform seeds; an IterableDataset starts over."""
@@ -130,7 +123,14 @@ class BatchSource:
                 except StopIteration:
                     self._exhausted = True
                     raise
-            samples = list(itertools.islice(self._samples, self.batch_size))
+            # next() only, sample by sample, as torch takes them (see open_stream).
+            samples = []
+            stream = self._iterator
+            for _ in range(self.batch_size):
+                try:
+                    samples.append(next(stream))
+                except StopIteration:
+                    break
             if len(samples) < self.batch_size:
                 self._exhausted = True
                 if not samples or self.drop_last:

@@ -440,6 +440,25 @@ def _stream_classes(torch) -> dict:
         def __iter__(self):
             return NextOnly(self.n)
 
+    class Arrays(torch.utils.data.IterableDataset):
+        """Array samples: never to be compared with anything (ambiguous truth value)."""
+
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            return (np.array([i]) for i in range(self.n))
+
+    class EqualToAnything(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    class EqualToAnythingStream(Arrays):
+        def __iter__(self):
+            return (EqualToAnything(i) for i in range(self.n))
+
     class FailingIter(torch.utils.data.IterableDataset):
         def __init__(self, error):
             self.error = error
@@ -447,21 +466,26 @@ def _stream_classes(torch) -> dict:
         def __iter__(self):
             raise self.error
 
-    return dict(Resetting=Resetting, NextOnlyStream=NextOnlyStream, FailingIter=FailingIter)
+    return dict(Resetting=Resetting, NextOnlyStream=NextOnlyStream, Arrays=Arrays,
+                EqualToAnythingStream=EqualToAnythingStream, FailingIter=FailingIter)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 1])
-@pytest.mark.parametrize("stream", ["Resetting", "NextOnlyStream"])
+@pytest.mark.parametrize("stream", ["Resetting", "NextOnlyStream", "Arrays",
+                                    "EqualToAnythingStream"])
 def test_a_streams_samples_are_taken_with_next_only_as_torch_takes_them(torch, stream,
                                                                        num_workers):
     # Taking a batch with islice called iter() on the stream again: the
     # resetting one gave its first batch for ever, the other raised TypeError.
+    # Nor may a sample be compared with a sentinel (arrays, odd __eq__).
     make = _stream_classes(torch)[stream]
 
     def batches(library):
         loader = library.DataLoader(make(5), batch_size=2, num_workers=num_workers)
-        return [list(map(int, batch)) for batch in loader]
+        return [[int(np.asarray(sample).reshape(-1)[0]) if isinstance(sample, (np.ndarray,
+                                                                                torch.Tensor))
+                 else int(sample) for sample in batch] for batch in loader]
 
     assert batches(fl) == batches(torch.utils.data) == [[0, 1], [2, 3], [4]]
 
