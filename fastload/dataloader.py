@@ -467,15 +467,16 @@ class _BaseIter:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
 
-class SingleProcessTimeoutError(ValueError, AssertionError):
-    """``timeout > 0`` without workers; torch asserts ``timeout == 0`` at ``iter()``."""
+class IterArgumentError(ValueError, AssertionError):
+    """An argument torch checks with an assert at ``iter()`` (``timeout > 0`` without
+    workers, ``prefetch_factor`` below 1 with them): torch's type, and a bad argument's."""
 
 
 class _SingleProcessIter(_BaseIter):
     def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
         if loader.timeout > 0:
             # Checked now, as torch does (the attribute may change between epochs).
-            raise SingleProcessTimeoutError(
+            raise IterArgumentError(
                 f"timeout={loader.timeout} needs num_workers > 0: it bounds the wait for a "
                 f"worker's batch, and with num_workers=0 the main process makes each batch "
                 f"itself; set timeout=0 (torch: _SingleProcessDataLoaderIter requires "
@@ -539,10 +540,6 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
             ring.close([slot for _, slot in tasks.values()])
 
 
-class PrefetchFactorError(ValueError, AssertionError):
-    """``prefetch_factor`` below 1 with workers; torch asserts it is positive at ``iter()``."""
-
-
 def _checked_prefetch_factor(prefetch_factor: Any) -> int:
     """Batches each worker may have on its way; checked at ``iter()``, where torch checks it.
 
@@ -553,9 +550,9 @@ def _checked_prefetch_factor(prefetch_factor: Any) -> int:
         raise TypeError(f"prefetch_factor must be an int when num_workers > 0, "
                         f"but got {prefetch_factor!r}")
     if prefetch_factor < 1:
-        raise PrefetchFactorError(f"prefetch_factor must be greater than 0 when num_workers > 0 "
-                                  f"(it is how many batches each worker loads ahead), "
-                                  f"but got {prefetch_factor}")
+        raise IterArgumentError(f"prefetch_factor must be greater than 0 when num_workers > 0 "
+                                f"(it is how many batches each worker loads ahead), "
+                                f"but got {prefetch_factor}")
     return int(prefetch_factor)
 
 
