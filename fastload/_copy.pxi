@@ -27,7 +27,7 @@ COPY_OK = 0
 COPY_BAD_TYPE = 1      # the leaf is not of the kind the layout expects
 COPY_BAD_DTYPE = 2     # an array leaf of another dtype (torch would promote)
 COPY_BAD_SHAPE = 3     # an array leaf of another shape (torch raises)
-COPY_OVERFLOW = 4      # a Python int that does not fit int64
+COPY_OVERFLOW = 4      # a Python int that does not fit int64 (float64 for a float leaf)
 
 # Scalar leaf kinds (mirrored in collate.py).
 SCALAR_INT = 1      # Python int  -> int64
@@ -232,6 +232,7 @@ def collate_scalar_leaf(list samples, tuple path, int kind, cnp.ndarray out):
     cdef Py_ssize_t i
     cdef object leaf
     cdef long long ivalue
+    cdef double fvalue
     cdef cnp.dtype want = out.dtype
     cdef Py_ssize_t itemsize = want.itemsize
     if kind == SCALAR_INT and want.num != cnp.NPY_INT64:
@@ -253,7 +254,11 @@ def collate_scalar_leaf(list samples, tuple path, int kind, cnp.ndarray out):
         elif kind == SCALAR_FLOAT:
             if not (PyFloat_Check(leaf) or PyLong_Check(leaf)):
                 return i, COPY_BAD_TYPE
-            (<double*> dst)[i] = PyFloat_AsDouble(leaf)
+            try:
+                fvalue = PyFloat_AsDouble(leaf)
+            except OverflowError:  # an int past float64
+                return i, COPY_OVERFLOW
+            (<double*> dst)[i] = fvalue
         elif kind == SCALAR_BOOL:
             if not PyBool_Check(leaf):
                 return i, COPY_BAD_TYPE

@@ -50,14 +50,6 @@ def weighted_sample(
     RuntimeError if ``count`` exceeds the number of positive weights.
     """
 
-def fill_batch(
-    out: npt.NDArray[np.int64], start: int, epoch: npt.NDArray[np.int64] | None = None
-) -> int:
-    """Write ``epoch[start:start+len(out)]`` (or ``start, start+1, ...``) into ``out``.
-
-    Returns the number of indices written (fewer at the end of ``epoch``).
-    """
-
 # --- copy kernels (_copy.pxi) ---
 
 COPY_OK: int

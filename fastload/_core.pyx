@@ -5,7 +5,7 @@ Split by concept into include files so each reads on its own, but built as one
 extension module so the kernels share a single import:
 
 * ``_random.pxi``: the PRNG and the index streams (permutation, bounded and
-  weighted draws, batch-index generation).
+  weighted draws).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
   collate-into-buffer copies.
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit

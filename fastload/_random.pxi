@@ -5,7 +5,7 @@
 # weighted draws *without* replacement, is noted at weighted_sample), so a
 # seed gives the same indices on every platform, compiler and thread count.
 #
-# Layout: C-level helpers (``_rng_*``, ``_fill_*``) run without the GIL and
+# Layout: C-level helpers (``_rng_*``, ``_shuffle_*``, ``_alias_*``) run without the GIL and
 # trust their arguments; the Python-visible functions below them check
 # arguments once, allocate, and call a helper.
 
@@ -689,33 +689,3 @@ def weighted_sample(weights, count, replacement, seed):
     # Stable sort: equal keys (probability ~0) still give one defined order.
     chosen = chosen[np.argsort(keys[chosen], kind="stable")]
     return np.ascontiguousarray(candidates[chosen], dtype=np.int64)
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
-def fill_batch(out, start, epoch=None):
-    """Fill ``out`` with the next batch of an epoch; return how many were written.
-
-    With ``epoch`` (an int64 index array) it copies ``epoch[start:start+len(out)]``
-    (fewer at the epoch's end); without, it writes the sequential indices
-    ``start, start + 1, ...``.  For reusing one preallocated index buffer.
-    """
-    cdef int64_t[::1] dst = out
-    cdef int64_t first = _as_count(start, "start")
-    cdef int64_t size = dst.shape[0], i, m
-    cdef const int64_t[::1] src
-    if epoch is None:
-        with nogil:
-            for i in range(size):
-                dst[i] = first + i
-        return size
-    src = epoch
-    m = src.shape[0] - first
-    if m < 0:
-        m = 0
-    if m > size:
-        m = size
-    with nogil:
-        for i in range(m):
-            dst[i] = src[first + i]
-    return m

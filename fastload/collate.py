@@ -5,15 +5,15 @@ A batch is described by a small tree, the ``BatchLayout``: containers
 ``ArraySlot``s -- an array living at a byte offset of one flat buffer -- or
 ``Value``s, Python objects (strings, arbitrary leaves) carried as they are.
 
-Collating is then three steps, the same whether the buffer is a private numpy
-array (``default_collate``, ``num_workers=0``) or a slot of the shared-memory
-ring (a worker writing in place):
+Collating is then three steps, all in ``collate_into``, the same whether the
+buffer is a private numpy array (``default_collate``, ``num_workers=0``) or a
+slot of the shared-memory ring (a worker writing in place):
 
 1. ``plan_collate(samples)`` walks the first sample and lays out one leaf per
    array / number / string, with torch's rules for what each becomes;
-2. the caller allocates ``layout.nbytes`` bytes;
-3. ``fill_collate(samples, layout, buffer)`` lets the ``_core`` kernels copy
-   every sample's leaves into place, validating dtype and shape as they go.
+2. the caller's ``allocate`` gives ``layout.nbytes`` bytes;
+3. ``_fill_leaf`` lets the ``_core`` kernels copy every sample's leaves into
+   place, validating dtype and shape as they go.
 
 ``layout.build(buffer)`` turns a filled buffer into the batch (numpy views),
 which is all the main process does with a batch a worker wrote.
@@ -41,12 +41,20 @@ __all__ = [
     "plan_collate",
     "collate_into",
     "private_buffer",
+    "is_string_or_object_dtype",
     "pack_into",
     "to_torch",
 ]
 
 # numpy dtypes default_collate refuses, as torch does: strings, bytes, objects.
 _STR_OBJ_DTYPE = re.compile(r"[SaUO]")
+
+
+def is_string_or_object_dtype(dtype: np.dtype) -> bool:
+    """A dtype ``default_collate`` refuses: torch's ``[SaUO]`` test on ``dtype.str``,
+    and a structured dtype holding objects (which no tensor can take either)."""
+    return _STR_OBJ_DTYPE.search(dtype.str) is not None or dtype.hasobject
+
 _ERR_FORMAT = ("default_collate: batch must contain tensors, numpy arrays, numbers, "
                "dicts or lists; found {}")
 
@@ -428,7 +436,7 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
     the paths of torch tensors to ``tensors``."""
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
-        if _STR_OBJ_DTYPE.search(elem.dtype.str) is not None or elem.dtype.hasobject:
+        if is_string_or_object_dtype(elem.dtype):
             raise TypeError(_ERR_FORMAT.format(elem.dtype) + f" (at {format_path(path, 0)})")
         return ArraySlot(elem.dtype, (n,) + elem.shape, path, _ARRAY)
     if isinstance(elem, (np.bool_, np.number, np.object_)):
@@ -584,7 +592,11 @@ def torch_promote(dtypes: list) -> np.dtype:
     return np.result_type(*(d for d in dtypes if _CATEGORY.get(d.kind, 2) >= lowest))
 
 
-def _overflow(where: str, value: Any) -> ValueError:
+def _overflow(where: str, value: Any, dtype: np.dtype = np.dtype(np.int64)) -> Exception:
+    """A Python int too large for ``dtype``, with torch's type: ValueError for an
+    integer tensor, OverflowError for a floating one."""
+    if dtype.kind in "fc":
+        return OverflowError(f"default_collate: {where}: int too large to convert to float")
     return ValueError(f"default_collate: {where}: {value!r} does not fit in int64 "
                       f"(Overflow when unpacking long long)")
 
@@ -610,10 +622,10 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
                 own = _as_tensor_dtype(value) if each_as_tensor else None
                 array = np.asarray(value, dtype=own or leaf.dtype)
         except OverflowError:
-            raise _overflow(format_path(leaf.path, i), value) from None
+            raise _overflow(format_path(leaf.path, i), value, own or leaf.dtype) from None
         except (TypeError, ValueError):
             array = np.asarray(value, dtype=object)
-        if array.dtype.kind in "SaUO":
+        if is_string_or_object_dtype(array.dtype):
             raise TypeError(_ERR_FORMAT.format(type(value)) + f" (at {format_path(leaf.path, i)})")
         if array.shape != row_shape:
             raise RuntimeError(f"default_collate: {format_path(leaf.path, i)}: shape "
@@ -679,7 +691,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
         # torch makes a tensor of each array before stacking: an array of
         # strings or objects fails there, whatever its shape.
         not_data = next((i for i, value in enumerate(values) if isinstance(value, np.ndarray)
-                         and (_STR_OBJ_DTYPE.search(value.dtype.str) or value.dtype.hasobject)),
+                         and is_string_or_object_dtype(value.dtype)),
                         None)
         if not_data is not None:
             raise TypeError(_ERR_FORMAT.format(values[not_data].dtype)
@@ -984,7 +996,7 @@ def to_torch(data: Any) -> Any:
 
     def leaf(value: Any) -> Any:
         if isinstance(value, np.ndarray):
-            return value if _STR_OBJ_DTYPE.search(value.dtype.str) is not None \
+            return value if is_string_or_object_dtype(value.dtype) \
                 else torch.as_tensor(_native_byte_order(value))
         if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
             # Through a 0-d array: torch.as_tensor refuses an np.uint64 scalar.

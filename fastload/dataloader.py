@@ -31,14 +31,14 @@ import weakref
 from typing import Any, Callable, Iterator, NoReturn
 
 from fastload.collate import default_collate, default_convert, to_torch
-from fastload.dataset import IterableDataset
+from fastload.dataset import is_iterable_dataset
 from fastload.fetch import BatchSource
+from fastload.interrupts import ctrl_c_deferred
 from fastload.layout_wire import LayoutReceiver
-from fastload.pool import WorkerDied, WorkerPool, ctrl_c_deferred, join_exiting_workers, \
-    pickle_for_workers
+from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, pickle_for_workers
 from fastload.resume import EpochProgress, TorchGeneratorState, check_state, make_state, \
     sampler_chain, torch_generator_of, warn_if_order_unknown
-from fastload.ring import Ring, SharedMemoryError, SpareSlots
+from fastload.ring import Ring, SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
@@ -54,14 +54,6 @@ class _InfiniteConstantSampler(Sampler):
 
     def __iter__(self) -> Iterator[None]:
         return itertools.repeat(None)
-
-
-def _is_iterable_dataset(dataset: Any) -> bool:
-    if isinstance(dataset, IterableDataset):
-        return True
-    # torch's IterableDataset, for users migrating one dataset at a time.
-    return any(cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data")
-               for cls in type(dataset).__mro__)
 
 
 class DataLoader:
@@ -126,7 +118,7 @@ class DataLoader:
         self.in_order = in_order
         self.output = output
 
-        if _is_iterable_dataset(dataset):
+        if is_iterable_dataset(dataset):
             self._iterable = True
             if shuffle not in {False, None}:
                 raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
@@ -296,11 +288,6 @@ class DataLoader:
         if not self._reaps_workers_when_gone:
             self._reaps_workers_when_gone = True
             weakref.finalize(self, join_exiting_workers)
-
-    def _current_iterator(self) -> "_BaseIter | None":
-        if self._iterator is not None:
-            return self._iterator
-        return self._last_iterator() if self._last_iterator is not None else None
 
     def _rng_sources(self) -> list:
         """Every seed stream an epoch draws from, to snapshot and restore them: ours,
@@ -556,6 +543,23 @@ def _checked_prefetch_factor(prefetch_factor: Any) -> int:
     return int(prefetch_factor)
 
 
+class _ArrivalError:
+    """An answer that could not be unpacked in the main process, raised at its
+    batch's turn (a worker's error travels as ``worker.ExceptionWrapper``)."""
+
+    __slots__ = ("_exception",)
+
+    def __init__(self, exception: Exception) -> None:
+        self._exception = exception
+
+    def reraise(self) -> NoReturn:
+        exception, self._exception = self._exception, None
+        try:
+            raise exception
+        finally:
+            del exception  # see ExceptionWrapper.reraise: no cycle through this frame
+
+
 class _MultiProcessIter(_BaseIter):
     """Batches made by worker processes into ring slots, handed out in order."""
 
@@ -699,15 +703,24 @@ class _MultiProcessIter(_BaseIter):
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
         kind, batch_no, slot_id, created, payload = reply
-        if kind == "batch":
-            # Decoded on arrival: a worker's layout numbers follow its sending order.
-            reply = (kind, batch_no, slot_id, created, self._layouts[worker].decode(payload))
         if created is not None:
             try:
                 self._ring.adopt(slot_id, created)
-            except SharedMemoryError:
+            except Exception:
                 self.shutdown()
                 raise
+        if kind == "batch":
+            try:
+                # Decoded on arrival: a worker's layout numbers follow its sending order.
+                payload = self._layouts[worker].decode(payload)
+            except Exception as exc:
+                # e.g. a value whose class cannot be rebuilt in this process:
+                # the batch fails at its turn, as a worker's error would, and
+                # its slot and task are accounted for like any other answer.
+                exc.add_note(f"raised in the main process while unpickling batch {batch_no} "
+                             f"from worker {worker}")
+                kind, payload = "error", _ArrivalError(exc)
+            reply = (kind, batch_no, slot_id, created, payload)
         if kind == "init_error":
             self.shutdown()
             payload.reraise()

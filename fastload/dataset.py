@@ -41,6 +41,7 @@ __all__ = [
     "random_split",
     "SizeMismatchError",
     "int64_indices",
+    "is_iterable_dataset",
 ]
 
 _T = TypeVar("_T")
@@ -96,7 +97,7 @@ class IterableDataset(Dataset[_T_co], Iterable[_T_co]):
         return ChainDataset([self, other])
 
 
-def _is_iterable_dataset(dataset: Any) -> bool:
+def is_iterable_dataset(dataset: Any) -> bool:
     """True for fastload's and torch's IterableDataset alike.
 
     Users mix the two libraries' datasets while migrating; torch's class is
@@ -306,7 +307,7 @@ class ConcatDataset(Dataset[_T_co]):
         if not self.datasets:
             raise AssertionError("datasets should not be an empty iterable")
         for position, dataset in enumerate(self.datasets):
-            if _is_iterable_dataset(dataset):
+            if is_iterable_dataset(dataset):
                 raise AssertionError(f"ConcatDataset does not support IterableDataset "
                                      f"(datasets[{position}] is a {type(dataset).__name__})")
         self.cumulative_sizes = self.cumsum(self.datasets)
@@ -350,7 +351,7 @@ class ChainDataset(IterableDataset):
 
     def _checked(self) -> Iterator[Any]:
         for position, dataset in enumerate(self.datasets):
-            if not _is_iterable_dataset(dataset):
+            if not is_iterable_dataset(dataset):
                 raise AssertionError(f"ChainDataset only supports IterableDataset "
                                      f"(datasets[{position}] is a {type(dataset).__name__})")
             yield dataset

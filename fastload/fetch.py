@@ -21,13 +21,11 @@ import numpy as np
 
 from fastload import _core
 from fastload.collate import (BatchLayout, ArraySlot, SequenceNode, collate_into, default_collate,
-                              pack_into, private_buffer)
+                              is_string_or_object_dtype, pack_into, private_buffer)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload.rng import seed_transform_rng
 
 __all__ = ["BatchSource", "array_rows"]
-
-_STRING_OR_OBJECT_KINDS = "SaUO"
 
 
 def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
@@ -53,12 +51,10 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
         dataset = dataset.dataset
     if type(dataset) is not ArrayDataset:
         return None
-    if any(a.dtype.kind in _STRING_OR_OBJECT_KINDS or a.dtype.hasobject for a in dataset.arrays):
+    if any(is_string_or_object_dtype(a.dtype) for a in dataset.arrays):
         return None
     return dataset.arrays, (None if row_map is None else np.ascontiguousarray(row_map, np.int64))
 
-
-_INT64_MAX = np.iinfo(np.int64).max
 
 # Batch sizes whose ArrayDataset layout a BatchSource keeps (usually two: full and last).
 _KEPT_ARRAY_LAYOUTS = 16
@@ -153,15 +149,9 @@ class BatchSource:
             return None
         if kernel_batch:  # our BatchSampler's int64 array
             return indices
-        try:
-            rows = np.asarray(indices)
-        except (TypeError, ValueError):  # ragged, e.g. [np.array([1]), 2]
-            return None
-        if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu" \
-                or (rows.dtype.kind == "u" and rows.max() > _INT64_MAX):
-            # An empty batch, too, goes to default_collate, which refuses it.
-            return None
-        return rows
+        rows = int64_indices(indices)
+        # An empty batch goes to default_collate, which refuses it.
+        return None if rows is None or rows.size == 0 else rows
 
     def _gather_arrays(self, rows: np.ndarray, allocate: Callable[[int], np.ndarray]
                        ) -> tuple[BatchLayout, np.ndarray]:

@@ -109,10 +109,14 @@ class LayoutReceiver:
 
     def decode(self, wire: tuple[int, bytes | None, bytes | None]) -> tuple[BatchLayout, list | None]:
         layout_id, structure, values_bytes = wire
-        values = _unpickle_values(values_bytes) if values_bytes is not None else None
         if structure is None:
-            return self._layouts[layout_id], values
-        layout = pickle.loads(structure)
-        if layout_id != _NOT_KEPT:
-            self._layouts[layout_id] = layout
+            layout = self._layouts[layout_id]
+        else:
+            # Kept before the values are unpickled: the worker sends this
+            # layout once, so a batch whose values fail to unpickle here must
+            # not leave the later batches without it.
+            layout = pickle.loads(structure)
+            if layout_id != _NOT_KEPT:
+                self._layouts[layout_id] = layout
+        values = _unpickle_values(values_bytes) if values_bytes is not None else None
         return layout, values

@@ -36,31 +36,29 @@ thread costs a GIL hand-off per batch in the main process.)
 
 from __future__ import annotations
 
-import _thread
-import contextlib
 import gc
 import os
 import pickle
 import select
 import signal
-import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
+from fastload.interrupts import ctrl_c_deferred, ctrl_c_held
 from fastload.ring import Segment, unlink_name
 from fastload.worker import STOP_MESSAGE, worker_loop
 
 try:
     from fcntl import fcntl
-    _F_SETPIPE_SZ = 1031  # Linux
+    _F_SETPIPE_SZ, _F_GETPIPE_SZ = 1031, 1032  # Linux
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["WorkerPool", "pickle_for_workers", "ctrl_c_deferred", "join_exiting_workers"]
+__all__ = ["WorkerPool", "pickle_for_workers", "join_exiting_workers"]
 
 # How long shutdown waits for workers to exit before terminating them.
 _JOIN_GRACE = 5.0
@@ -72,13 +70,22 @@ _DEFAULT_PIPE_BYTES = 1 << 16
 
 
 def _enlarge_pipe(conn: Any) -> int:
-    """Ask for a 1 MiB pipe buffer; return the capacity we can count on."""
+    """Ask for a 1 MiB pipe buffer; return the capacity we can count on.
+
+    Refused (past ``/proc/sys/fs/pipe-max-size``, or a user over
+    ``pipe-user-pages-soft``, whose new pipes get 2 pages), the pipe keeps
+    what it has, which is read back: it may be less than the usual 64 KiB.
+    """
     if fcntl is None:
         return _DEFAULT_PIPE_BYTES
     try:
         return fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
     except OSError:
-        return _DEFAULT_PIPE_BYTES
+        pass
+    try:
+        return fcntl(conn.fileno(), _F_GETPIPE_SZ)
+    except OSError:
+        return 4096  # a pipe holds at least a page
 
 
 def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str) -> bytes:
@@ -117,95 +124,6 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
             name = text = f"signal {-exitcode}"
         return f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})"
     return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
-
-
-@contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[list]:
-    """Hold a Ctrl-C that arrives inside the block; deliver it when the block ends.
-
-    Yields the list the Ctrl-Cs are recorded in, so that a wait in the block
-    can end at one.
-
-    NOTE [ Ctrl-C held over fork and teardown ]
-    CPython drops an exception raised inside an at-fork hook, a ``__del__``
-    or a weakref callback: it prints "Exception ignored in ..." and goes on.
-    Python's SIGINT handler raises KeyboardInterrupt wherever the main thread
-    next checks for signals, which may be inside one of those, and then the
-    Ctrl-C is lost and the loop goes on.  A loop of short epochs with new
-    workers, interrupted at a random instant (``bench/ctrl_c_trials.py``),
-    lost 5 Ctrl-Cs in 300 so: in the workers' pipes' ``Connection.__del__``,
-    the finalizer multiprocessing attaches to each worker process, and the
-    ring's lease ``__del__``; and in 28 more, a new worker printed such a
-    dropped KeyboardInterrupt.  torch's DataLoader lost 5 in 100, mostly in
-    logging's at-fork hook.
-    * ``os.fork`` runs the at-fork hooks that modules register (logging's,
-      for one), in the parent and in the child.
-    * A worker's pipes and its ``Process`` run Python finalizers when they
-      are dropped.
-    So the pool forks, and drops what it owned at shutdown, inside this
-    block: the main thread's SIGINT handler only records the signal, and the
-    handler that was in place gets it once the block is left.  A forked
-    worker inherits the recording handler until it ignores SIGINT, so a
-    Ctrl-C cannot raise in its start-up either.  (Leases need no such block:
-    see NOTE [ Leases ] in ring.py.)  Since then none is lost or printed in
-    600 (300 with new workers, 300 with persistent ones).  Only the
-    main thread runs Python signal handlers, so elsewhere this does nothing;
-    nor for SIG_DFL and SIG_IGN, which involve no Python handler.
-    The teardown of an iterator may itself run as a finalizer (a ``break``,
-    and the iterator is dropped), so there a held Ctrl-C is not raised at the
-    block's end but sent again once the teardown is over (``ctrl_c_deferred``),
-    and the teardown's wait for busy workers ends at a Ctrl-C: they are
-    terminated, not left running (one could create a slot's segment after the
-    ring unlinked its names).  Before, a Ctrl-C during that wait was printed
-    and dropped, and left segments behind; in 250 Ctrl-Cs at random instants
-    into a loop of short epochs (a helper's storm script, not in the
-    repository), none is lost now, no segment and no process is left.
-    """
-    with _ctrl_c_recorded() as held:
-        yield held
-    if held:
-        signal.getsignal(signal.SIGINT)(*held[0])
-
-
-@contextlib.contextmanager
-def ctrl_c_deferred() -> Iterator[list]:
-    """Hold a Ctrl-C that arrives inside the block; send it again after the block.
-
-    Yields the list the Ctrl-Cs are recorded in, as ``_ctrl_c_held`` does.
-
-    For teardown that may run as a finalizer (a dropped iterator's), where
-    CPython prints and drops any exception: a KeyboardInterrupt raised at
-    the block's end, or re-raised there with ``_thread.interrupt_main`` (the
-    very next call checks for it), would be lost.  Instead a new thread sends
-    the main thread a SIGINT: it runs once the main thread lets go of the
-    GIL, by then back in the caller's code, and a real signal also cuts short
-    a ``sleep`` or a blocking read there.
-    """
-    with _ctrl_c_recorded() as held:
-        yield held
-    if held:
-        _thread.start_new_thread(signal.pthread_kill,
-                                 (threading.main_thread().ident, signal.SIGINT))
-
-
-@contextlib.contextmanager
-def _ctrl_c_recorded() -> Iterator[list]:
-    """The main thread's SIGINT handler, inside the block, only records the
-    signal (in the list yielded); the handler in place is back after it.
-    Nothing changes in another thread, or for SIG_DFL and SIG_IGN."""
-    held: list[tuple[int, Any]] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous):
-        yield held
-        return
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
-    try:
-        yield held
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class WorkerDied(RuntimeError):
@@ -255,7 +173,7 @@ class WorkerPool:
         self._child_ends: list[tuple[Any, Any]] = []   # (task_reader, result_writer), until start()
         # Messages for workers not started yet; None once every worker is.
         self._held: list[list[bytes]] | None = [[] for _ in range(num_workers)]
-        self._max_task_bytes = _DEFAULT_PIPE_BYTES
+        capacities = []
         try:
             for _ in range(num_workers):
                 task_reader, task_writer = context.Pipe(duplex=False)
@@ -265,13 +183,13 @@ class WorkerPool:
                 self._task_fds.append(task_writer.fileno())
                 self._readers.append(FrameReader(result_reader.fileno()))
                 self._child_ends.append((task_reader, result_writer))
-                capacity = min(_enlarge_pipe(task_writer), _enlarge_pipe(result_writer))
-                # Every unread task (at most `prefetch`, plus control messages)
-                # must fit at once; see NOTE [ Why sending a task never blocks ].
-                self._max_task_bytes = capacity // (prefetch + 2)
+                capacities += [_enlarge_pipe(task_writer), _enlarge_pipe(result_writer)]
         except BaseException:
             self.shutdown()
             raise
+        # Every unread task (at most `prefetch`, plus control messages) must
+        # fit in the smallest pipe at once; see NOTE [ Why sending a task never blocks ].
+        self._max_task_bytes = min(capacities, default=_DEFAULT_PIPE_BYTES) // (prefetch + 2)
 
     def start(self) -> None:
         """Launch the workers (on failure, stop the ones already started)."""
@@ -279,13 +197,12 @@ class WorkerPool:
         # workers' pipe ends (on return: they are its locals too), all of
         # which run Python code where a Ctrl-C would be lost (NOTE [ Ctrl-C
         # held over fork and teardown ]).
-        with _ctrl_c_held():
+        with ctrl_c_held():
             self._start_workers()
 
     def _start_workers(self) -> None:
         num_workers, payload, base_seed, parent_pid, ring_prefix, inherited_slots = self._args
         _reap_exiting()
-        # NOTE [ Freezing the heap for fork ]
         # A forked worker's garbage collector walks every object it inherited,
         # writing to their pages, so each worker would copy much of the parent's
         # heap page by page.  Objects frozen at fork time are never walked; the
@@ -488,7 +405,7 @@ class WorkerPool:
         # The pipes and the processes of reaped workers have Python finalizers:
         # they are dropped here, with Ctrl-C held (see NOTE [ Ctrl-C held over
         # fork and teardown ]), not wherever the pool happens to be freed.
-        with _ctrl_c_held() as interrupted:
+        with ctrl_c_held() as interrupted:
             self._closed = True
             processes, self.processes = self.processes, []
             self._process_of_fd.clear()
@@ -574,11 +491,14 @@ def _reap(processes: list, grace: float, interrupted: list) -> None:
 
 
 def _stop(processes: list) -> None:
-    """Terminate, then kill, the workers still alive; each wait bounded."""
+    """Kill the workers still alive; each wait bounded.
+
+    SIGKILL, not torch's SIGTERM: a worker at SIGTERM's default action dies
+    just the same, but fastload's workers take SIGTERM over to tell whether
+    the main process is being terminated with them (see
+    ``worker._unlink_ring_when_terminated``), which would only slow this down.
+    """
     for process in processes:
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=1.0)
         if process.is_alive():
             process.kill()
             process.join(timeout=1.0)

@@ -20,7 +20,7 @@ back.  The ring learns of that death from a weak reference whose callback is
 a deque's ``append``, not from a ``__del__``: no Python code runs where the
 caller drops a batch, so a Ctrl-C cannot land inside such code, where CPython
 would drop the KeyboardInterrupt (see NOTE [ Ctrl-C held over fork and
-teardown ] in pool.py).  A caller that holds every batch of an epoch makes
+teardown ] in interrupts.py).  A caller that holds every batch of an epoch makes
 the ring grow: it holds at most ``in_flight`` slots that workers may write,
 plus one per batch the caller still holds -- the same memory those batches
 need anyway.  Free slots beyond ``in_flight`` + 2 are unlinked as they come
@@ -101,13 +101,13 @@ def shm_free_bytes() -> int | None:
         return None
 
 
-def _space_error(name: str, size: int, needed_total: int | None = None) -> SharedMemoryError:
+def _space_error(shortfall: str) -> SharedMemoryError:
+    """``shortfall`` says what was needed ("could not reserve ..."), this adds what is free
+    and what to change."""
     free = shm_free_bytes()
     free_text = "unknown" if free is None else f"{free / 2**20:.1f} MiB"
-    total = "" if needed_total is None else f" (about {needed_total / 2**20:.1f} MiB for the whole ring)"
     return SharedMemoryError(
-        f"fastload could not reserve {size / 2**20:.1f} MiB of shared memory for ring slot "
-        f"{name!r}{total}; {SHM_DIR} has {free_text} free. Lower prefetch_factor or num_workers "
+        f"fastload {shortfall}; {SHM_DIR} has {free_text} free. Lower prefetch_factor or num_workers "
         f"(the ring holds num_workers * prefetch_factor batches in flight), use a smaller "
         f"batch_size, release batches you hold, or give the machine a larger {SHM_DIR} "
         f"(Docker: --shm-size=2g)."
@@ -182,9 +182,9 @@ class Segment:
                     if hasattr(os, "posix_fallocate") and size > 0:
                         os.posix_fallocate(fd, 0, size)
                 except OSError as exc:
-                    self.unlink()
                     if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                        raise _space_error(name, size) from exc
+                        raise _space_error(f"could not reserve {size / 2**20:.1f} MiB of shared "
+                                           f"memory for ring slot {name!r}") from exc
                     raise
             else:
                 size = os.fstat(fd).st_size
@@ -195,6 +195,10 @@ class Segment:
             map_flags = mmap.MAP_SHARED | (_MAP_POPULATE if populate else 0)
             mapping = _with_fd_room(lambda: mmap.mmap(fd, size, flags=map_flags)) \
                 if size > 0 else None
+        except BaseException:
+            if create:  # nobody else knows the name yet
+                self.unlink()
+            raise
         finally:
             os.close(fd)
         self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \
@@ -417,14 +421,11 @@ class Ring:
         spares.await_leases(self._dead_leases, held)
         self._lease_slots, self._dead_leases = {}, collections.deque()
 
-    @property
-    def slot_count(self) -> int:
-        return len(self._slots)
-
     # -- filled slots --------------------------------------------------------
 
     def adopt(self, slot_id: int, name: str) -> None:
-        """A worker created generation ``name`` of a slot: map it, unlink the old one."""
+        """A worker created generation ``name`` of a slot: map it, unlink the old one
+        (NOTE [ Why one segment per slot ])."""
         slot = self._slots[slot_id]
         if slot.segment is not None and slot.segment.name == name:
             return
@@ -442,7 +443,10 @@ class Ring:
                 1 for s in self._slots.values() if s.segment is not None)
             free = shm_free_bytes()
             if free is not None and missing_slots * new_segment.size > free:
-                raise _space_error(name, new_segment.size, self.in_flight * new_segment.size)
+                raise _space_error(
+                    f"needs {missing_slots * new_segment.size / 2**20:.1f} MiB more shared memory "
+                    f"for its ring: {missing_slots} more slots of {new_segment.size / 2**20:.1f} MiB "
+                    f"({self.in_flight * new_segment.size / 2**20:.1f} MiB for all {self.in_flight})")
 
     def lease(self, slot_id: int) -> np.ndarray:
         """The slot's bytes as a uint8 array whose base is a fresh ``SlotLease``."""

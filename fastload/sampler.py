@@ -9,11 +9,11 @@ user samplers need not implement them:
 
 * ``_epoch_indices()``: the whole epoch as a C-contiguous int64 array.  It
   draws exactly one seed from ``_seed_source``, as one ``__iter__`` does, and
-  ``__iter__`` yields exactly these indices as Python ints.
+  ``__iter__`` yields exactly these indices as Python ints.  It returns None
+  instead (drawing nothing) when this epoch's indices are not integers (a
+  SubsetRandomSampler of strings): then it is iterated.
 * ``_seed_source``: the ``SeedSource`` behind a random sampler, so the loader
   can snapshot it before an epoch and replay that epoch on resume.
-  It returns None instead (drawing nothing) when this epoch's indices are
-  not integers (a SubsetRandomSampler of strings): then it is iterated.
 
 Random streams differ from torch's (we do not reproduce torch's Mersenne
 Twister); everything else (lengths, padding, batching, errors) matches.
@@ -363,19 +363,6 @@ class BatchSampler(Sampler[list[int]]):
             while batch:
                 yield batch
                 batch = [*itertools.islice(sampler_iter, self.batch_size)]
-
-    def _index_batches(self) -> Iterator[np.ndarray]:
-        """The batches of ``__iter__`` as int64 arrays (views of one epoch array when possible)."""
-        epoch = self._kernel_epoch()
-        if epoch is not None:
-            yield from self._slices(epoch)
-            return
-        sampler_iter = iter(self.sampler)
-        while True:
-            batch = np.fromiter(itertools.islice(sampler_iter, self.batch_size), dtype=np.int64)
-            if batch.shape[0] == 0 or (self.drop_last and batch.shape[0] < self.batch_size):
-                return
-            yield batch
 
     def __len__(self) -> int:
         # Only for samplers with a length; see Sampler's docstring.

@@ -10,7 +10,8 @@ pipe; array bytes never travel through either (they go into ring slots):
   array, else any other sampler's batch as it was yielded); the answer
   is ``("batch" | "end" | "error", batch_no, slot_id,
   created_segment_name, encoded_layout_or_error)`` (a layout travels once
-  per worker, then by number: see ``layout_wire``);
+  per worker, then by number: see ``layout_wire``), or ``"init_error"``
+  when the worker could not start (``worker_init_fn``, unpickling);
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
 * ``("indirect", name, size)``: the real message waits in shared memory;
 * ``None``: exit, without making the batches still queued (torch's workers
@@ -21,7 +22,8 @@ Both pipes carry ``frames`` (a length, then a pickle).
 
 A worker also exits by itself when the main process dies (it watches for
 that, see ``ParentWatch``), and then unlinks every segment of its ring, so a
-killed main process leaves neither an orphan nor a segment behind.
+killed main process leaves neither an orphan nor a segment behind; so does a
+worker terminated with the main process (see ``_unlink_ring_when_terminated``).
 """
 
 from __future__ import annotations
@@ -312,6 +314,7 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     (fork only): slots whose mappings came with the fork (see ``SlotWriter``).
     """
     parent = ParentWatch(parent_pid)
+    _unlink_ring_when_terminated(parent, ring_prefix)
     orphaned = True
     try:
         orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
@@ -330,6 +333,66 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             # so a segment one of them created late is not missed.
             unlink_prefixed(ring_prefix)
         parent.close()
+
+
+# Signals that end a whole process group: ``kill -TERM -<pgid>``, GNU
+# ``timeout``, a batch scheduler, a closed terminal.
+_TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+# How long a terminated worker looks for signs that the main process was
+# terminated with it (the kernel signals a group's processes one by one).
+_GROUP_SIGNAL_WINDOW = 0.05
+
+
+def _unlink_ring_when_terminated(parent: ParentWatch, ring_prefix: str) -> None:
+    """Make a terminating signal unlink the ring first if the main process dies too.
+
+    Sent to the process group, such a signal kills the main process and the
+    workers at once: nobody would be left to unlink the ring's segments.  A
+    worker so signalled checks whether the main process is dying too (gone,
+    or a fatal signal pending); if so it waits (boundedly) for it to go and
+    unlinks the ring.  Then it dies of the same signal, so a main process
+    that survives (the worker was signalled alone, or the main process
+    handles the signal) reports the worker's death as torch's would.  Only
+    signals left at their default action are taken over: an inherited
+    handler (or ``nohup``'s ignored SIGHUP) stays the caller's choice.  (The
+    main process stops its own workers with SIGKILL, never with these.)
+    """
+    def unlink_then_die(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        deadline = time.monotonic() + _GROUP_SIGNAL_WINDOW
+        while not (parent.gone() or _fatal_signal_pending(parent.parent_pid, signum)):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        else:
+            if parent.wait_gone(_ORPHAN_GRACE):
+                unlink_prefixed(ring_prefix)
+        os.kill(os.getpid(), signum)
+
+    for signum in _TERMINATING_SIGNALS:
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, unlink_then_die)
+
+
+def _fatal_signal_pending(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` is about to die of ``signum`` (or is dying: the
+    kernel turns a fatal signal into a pending SIGKILL for each thread), as
+    /proc shows its pending signals; a process already gone counts too."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            lines = status.read().splitlines()
+    except OSError:
+        return True
+    masks = 0
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("SigPnd", "ShdPnd"):
+            masks |= int(value, 16)
+        elif key == "State" and value.split()[:1] in (["Z"], ["X"]):
+            return True
+    return bool(masks & ((1 << (signum - 1)) | (1 << (signal.SIGKILL - 1))))
 
 
 def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,

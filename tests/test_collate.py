@@ -725,11 +725,14 @@ def test_structured_with_object_field_never_copies_references():
     ([2**70, 1], "batch[0]"),
     ([{"n": 1}, {"n": -(2**64)}], "batch[1]['n']"),
     ([1, 2**63], "batch[1]"),
+    # Past float64: torch's OverflowError, where the batch is floating.
+    ([{"x": 1.0}, {"x": 10**400}], "batch[1]['x']"),
+    ([10**400, 1.0], "batch[0]"),
+    ([np.float32(1), 10**400], "batch[1]"),
+    ([np.array(1.0), 10**400], "batch[1]"),  # each value its own tensor: int64
 ])
 def test_int_overflow_names_path(torch, batch, where):
-    # BUG (type): torch 2.13 raises ValueError("Overflow when unpacking long
-    # long"); ours raises RuntimeError (collate.py, _fill_leaf COPY_OVERFLOW).
-    # Code catching torch's ValueError would miss ours.
+    # torch's type (ValueError past int64, OverflowError past float64), and the path.
     expected = type(_torch_error(torch, batch))
     with pytest.raises(Exception) as info:
         default_collate(batch)

@@ -382,17 +382,3 @@ def test_without_replacement_too_many():
 def test_weights_must_be_1d():
     with pytest.raises(ValueError, match=r"weights have shape \(1, 2\)"):
         _core.alias_table([[1.0, 2.0]])
-
-
-# --- batch fill -------------------------------------------------------------------
-
-def test_fill_batch():
-    out = np.full(4, -1, dtype=np.int64)
-    assert _core.fill_batch(out, 10) == 4
-    assert out.tolist() == [10, 11, 12, 13]
-    epoch = _core.permutation(10, 1)
-    assert _core.fill_batch(out, 4, epoch) == 4 and out.tolist() == epoch[4:8].tolist()
-    assert _core.fill_batch(out, 8, epoch) == 2 and out[:2].tolist() == epoch[8:].tolist()
-    assert _core.fill_batch(out, 12, epoch) == 0
-    with pytest.raises(ValueError):
-        _core.fill_batch(out, -1, epoch)

@@ -210,6 +210,45 @@ def test_collate_fn_exception_reraises(no_leaks):
     del it
 
 
+def _rebuild_only_in_workers():
+    if fl.get_worker_info() is None:
+        raise CustomError("this value cannot be rebuilt in the main process")
+    return WorkerOnlyValue()
+
+
+class WorkerOnlyValue:
+    """Pickles in a worker, but its unpickling fails in the main process."""
+
+    def __reduce__(self):
+        return (_rebuild_only_in_workers, ())
+
+
+class CollateWithWorkerOnlyValue:
+    """Batch 1 (and only it) carries a value that does not unpickle in the main process."""
+
+    def __call__(self, samples):
+        batch = fl.default_collate(samples)
+        return {"x": batch[1], "extra": WorkerOnlyValue() if samples[0][1] == 4 else None}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_answer_that_fails_to_unpickle_in_main_fails_its_batch_only(no_leaks, persistent):
+    # The answer arrives whole but cannot be unpacked: its batch raises the
+    # error with a note naming it, and every later batch (the worker's first
+    # layout travelled with the failed one) comes, instead of a hang.
+    loader = fl.DataLoader(SquareDataset(16, (4,)), batch_size=4, num_workers=2,
+                           collate_fn=CollateWithWorkerOnlyValue(), persistent_workers=persistent)
+    for _ in range(2):
+        it = iter(loader)
+        assert next(it)["x"].tolist() == [0, 1, 2, 3]
+        with pytest.raises(CustomError, match="cannot be rebuilt") as excinfo:
+            next(it)
+        assert "unpickling batch 1 from worker 1" in "\n".join(excinfo.value.__notes__)
+        assert [b["x"].tolist() for b in it] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+        del it
+
+
 def _failing_init(worker_id):
     if worker_id == 1:
         raise KeyError("init failed in worker 1")
@@ -336,13 +375,15 @@ def test_worker_sigkilled_inside_getitem_raises_runtime_error(no_leaks):
 
 
 @pytest.mark.timeout(60)
-def test_worker_killed_from_outside_raises_runtime_error(no_leaks):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_worker_killed_from_outside_raises_runtime_error(no_leaks, signum):
+    # SIGTERM: the worker's handler sees the main process alive and dies of it.
     loader = fl.DataLoader(SlowDataset(400, delay=0.005), batch_size=4, num_workers=2)
     it = iter(loader)
     next(it)
     pids, prefix = it.worker_pids, it._ring.prefix
     victim = pids[1]
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, signum)
     start = time.monotonic()
     with pytest.raises(RuntimeError) as excinfo:
         for _ in range(100):  # at most the batches already made, then the error
@@ -350,7 +391,7 @@ def test_worker_killed_from_outside_raises_runtime_error(no_leaks):
     assert time.monotonic() - start < 10
     message = str(excinfo.value)
     assert _worker_pid_in(message, pids) == victim
-    assert "SIGKILL" in message, message
+    assert signal.Signals(signum).name in message, message
     assert _wait_gone(pids, 5.0) == []
     assert _prefix_entries(prefix) == []
     with pytest.raises(StopIteration):  # the iterator is finished, not hung
@@ -678,7 +719,7 @@ def test_for_loop_break_without_names_stops_workers(no_leaks):
     gc.disable()
     try:
         for batch in loader:
-            it = loader._current_iterator()
+            it = loader._last_iterator()
             pids, prefix = it.worker_pids, it._ring.prefix
             del it
             break
@@ -736,7 +777,7 @@ def test_dropping_a_persistent_workers_loader_stops_its_workers_without_gc(no_le
 def _consume_and_fail(loader, info):
     for i, batch in enumerate(loader):
         if i == 0:
-            it = loader._current_iterator()
+            it = loader._last_iterator()
             info["pids"], info["prefix"] = it.worker_pids, it._ring.prefix
             del it
         if i == 2:
@@ -1027,6 +1068,54 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
     try:
         assert orphans == [], f"workers {orphans} outlived their killed parent"
         assert leftovers() == [], "segments outlived the killed main process"
+    finally:
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_process_group_terminated_leaves_no_segments(tmp_path, no_leaks, signum, method):
+    # ``kill -TERM -<pgid>`` (GNU timeout, a scheduler, a closed terminal for
+    # SIGHUP) ends the main process and the workers together: the workers
+    # unlink the ring before they die.  The second loader's workers are busy
+    # in __getitem__ at the time.
+    script = _script(tmp_path, f"""
+        import time
+        import fastload as fl
+        from datasets_for_workers import SquareDataset, SlowDataset
+
+        if __name__ == "__main__":
+            loader = fl.DataLoader(SquareDataset(64, (3, 16, 16)), batch_size=4, num_workers=2,
+                                   persistent_workers=True, multiprocessing_context={method!r})
+            it = iter(loader)
+            batch = next(it)
+            slow = iter(fl.DataLoader(SlowDataset(64, delay=0.3, shape=(3, 32, 32)), batch_size=8,
+                                      num_workers=2, multiprocessing_context={method!r}))
+            next(slow)
+            print("PIDS", *it.worker_pids, *slow.worker_pids, flush=True)
+            print("PREFIX", it._ring.prefix, slow._ring.prefix, flush=True)
+            time.sleep(60)
+        """)
+    with _running(script) as proc:
+        no_leaks.watch_pid(proc.pid)
+        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
+        prefixes = _read_marker(proc, "PREFIX").split()
+        assert all(_prefix_entries(prefix) for prefix in prefixes)
+        os.killpg(proc.pid, signum)
+        assert proc.wait(timeout=10) == -signum
+
+    def leftovers():
+        return [name for prefix in prefixes for name in _prefix_entries(prefix)]
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or leftovers()):
+        time.sleep(0.1)
+    orphans = [p for p in pids if is_alive(p)]
+    try:
+        assert orphans == [], f"workers {orphans} outlived the terminated group"
+        assert leftovers() == [], "segments outlived the terminated process group"
     finally:
         for pid in orphans:
             os.kill(pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ import collections
 import copy
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,18 @@ def test_segment_reserves_its_pages(prefix):
         segment.unlink()
 
 
+def test_segment_whose_mapping_fails_leaves_no_name(prefix, monkeypatch):
+    # Created, reserved, then the mmap fails (address space, descriptors):
+    # nobody else knows the name yet, so the constructor unlinks it.
+    def no_mapping(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(ringmod.mmap, "mmap", no_mapping)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        Segment(prefix + "unmapped", 4096, create=True)
+    assert not _exists(prefix + "unmapped")
+
+
 def test_segment_of_size_zero(prefix):
     segment = Segment(prefix + "empty", 0, create=True)
     assert segment.size == 0 and segment.array.shape == (0,)
@@ -107,7 +120,7 @@ def test_acquire_release_collect(prefix):
     ring = Ring(in_flight=2, prefix=prefix)
     try:
         a, b, c = (ring.acquire().slot_id for _ in range(3))
-        assert len({a, b, c}) == 3 and ring.slot_count == 3  # grows while every slot is held
+        assert len({a, b, c}) == 3 and len(ring._slots) == 3  # grows while every slot is held
         ring.release(b)
         assert ring.acquire().slot_id == b  # collect() moved it to the free list
         assert ring.acquire().slot_id not in (a, b, c)
@@ -125,7 +138,7 @@ def test_a_free_slot_goes_back_to_the_worker_that_filled_it(prefix):
         assert again == [first[1], first[3], first[0], first[2]]
         ring.release(again[0])                 # only worker 1's slot is free: worker 0 takes it
         assert ring.acquire(0).slot_id == again[0]
-        assert ring.slot_count == 4
+        assert len(ring._slots) == 4
     finally:
         ring.close()
 
@@ -179,7 +192,7 @@ def test_free_slots_beyond_in_flight_are_retired(prefix):
         ring.collect()
         retired = ring.take_retired()
         # in_flight (2) plus the 2 spare slots a loop typically holds are kept.
-        assert len(retired) == 3 and ring.slot_count == 4
+        assert len(retired) == 3 and len(ring._slots) == 4
         for slot_id, name in retired:
             assert name == names[slot_id] and not _exists(name)
         kept = [s for s in slots if s not in {r[0] for r in retired}]
@@ -440,7 +453,7 @@ def _next_epochs_ring(prefix: str, in_flight: int, nbytes: int) -> Ring:
 def test_a_new_ring_starts_with_the_spares_and_a_forked_writer_fills_them(prefix):
     ring = _next_epochs_ring(prefix, in_flight=2, nbytes=8000)
     try:
-        assert ring.slot_count == 2 and set(ring.inherited) == {0, 1}
+        assert len(ring._slots) == 2 and set(ring.inherited) == {0, 1}
         infos = [ring.acquire(), ring.acquire()]
         assert all(info.capacity >= 8000 and not _exists(info.name) for info in infos)
 
@@ -820,9 +833,12 @@ def test_too_small_dev_shm_gives_clear_error(tmp_path, case):
     # How much was needed, what is free, what to change.
     assert "MiB" in message and "free" in message, message
     needed = 8.0 if case == "one-batch-too-big" else 1.5
-    amounts = [float(x) for x in __import__("re").findall(r"(\d+(?:\.\d+)?) MiB", message)]
+    amounts = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?) MiB", message)]
     assert any(abs(a - needed) < 0.6 for a in amounts), (needed, message)
     assert any(a <= 4.0 for a in amounts), message  # the free space reported
+    if case == "ring-too-big":  # the slots made so far fit: the message asks for the rest
+        assert re.search(r"needs \d+\.\d MiB more shared memory for its ring: \d+ more slots", message), \
+            message
     assert "/dev/shm" in message and ("shm-size" in message or "larger" in message), message
     assert "batch_size" in message or "prefetch_factor" in message, message
     # And the failed loader left nothing behind in that /dev/shm (once collected;

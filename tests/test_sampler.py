@@ -3,8 +3,9 @@
 Deterministic samplers (sequential, batching, unshuffled distributed) must
 match torch exactly.  Random ones draw from a different generator, so they
 are compared by structure: lengths, sets, counts, padding.  The private
-loader protocol (_epoch_indices, _index_batches, _seed_source) is checked
-against the public iteration it must reproduce.
+loader protocol (_epoch_indices, _seed_source, and the index stream the loader
+takes from a BatchSampler) is checked against the public iteration it must
+reproduce.
 """
 
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 import fastload as fl
 from fastload import sampler as fs
+from fastload.dataloader import _index_stream
 
 SIZES = [0, 1, 2, 7, 10, 12, 13]
 
@@ -57,13 +59,15 @@ def test_batch_sampler_matches_torch(td, kind, n, batch_size, drop_last):
     assert batches == list(theirs)
     assert len(ours) == len(theirs)
     assert all(type(i) is int for batch in batches for i in batch)
-    arrays = list(ours._index_batches())
-    assert [a.tolist() for a in arrays] == batches
-    assert all(a.dtype == np.int64 and a.flags.c_contiguous for a in arrays)
+    stream, kernel_arrays = _index_stream(ours, True)
+    arrays = list(stream)
+    assert [list(a) for a in arrays] == batches
+    if kernel_arrays:
+        assert all(a.dtype == np.int64 and a.flags.c_contiguous for a in arrays)
 
 
 def test_batch_sampler_over_generic_iterable():
-    # Neither ours nor a range: the pull-in-chunks path of _index_batches.
+    # Neither ours nor a range: the loader iterates the BatchSampler itself.
     class Odd:
         def __iter__(self):
             return iter([5, 3, 1, 4, 2])
@@ -75,7 +79,8 @@ def test_batch_sampler_over_generic_iterable():
         bs = fs.BatchSampler(Odd(), 2, drop_last)
         expected = [[5, 3], [1, 4]] + ([] if drop_last else [[2]])
         assert list(bs) == expected
-        assert [a.tolist() for a in bs._index_batches()] == expected
+        stream, kernel_arrays = _index_stream(bs, True)
+        assert not kernel_arrays and list(stream) == expected
 
 
 def test_batch_sampler_honours_a_subclass_iter():
@@ -86,7 +91,8 @@ def test_batch_sampler_honours_a_subclass_iter():
 
     bs = fs.BatchSampler(Reversed(range(5)), 2, False)
     assert list(bs) == [[4, 3], [2, 1], [0]]
-    assert [a.tolist() for a in bs._index_batches()] == [[4, 3], [2, 1], [0]]
+    stream, kernel_arrays = _index_stream(bs, True)
+    assert not kernel_arrays and list(stream) == [[4, 3], [2, 1], [0]]
 
 
 # --- random samplers: structure ---------------------------------------------------
@@ -447,9 +453,10 @@ def test_index_batches_equal_batch_iteration(index, drop_last):
     s = _random_samplers(12)[index]
     bs = fs.BatchSampler(s, 7, drop_last)
     state = s._seed_source.get_state()
-    arrays = list(bs._index_batches())
+    stream, _ = _index_stream(bs, True)
+    arrays = list(stream)
     s._seed_source.set_state(state)
-    assert [a.tolist() for a in arrays] == list(bs)
+    assert [list(a) for a in arrays] == list(bs)
     assert len(arrays) == len(bs)
 
 

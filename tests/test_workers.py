@@ -588,6 +588,35 @@ def test_batches_are_views_of_a_shared_slot():
     assert np.shares_memory(np.asarray(base), batch["y"])
 
 
+
+def test_tasks_are_sized_for_the_smallest_pipe_when_it_cannot_be_enlarged(monkeypatch):
+    # A user over pipe-user-pages-soft gets 2-page pipes that refuse to grow:
+    # the task budget comes from the pipes' real size, the smallest of them,
+    # so a task that would not fit (2,000 indices, 16 KB) goes through shared
+    # memory instead of a write that could wait on a busy worker.
+    from fastload import pool
+
+    real_fcntl = pool.fcntl
+
+    def refusing_fcntl(fd, command, *args):
+        if command == pool._F_SETPIPE_SZ:
+            real_fcntl(fd, command, 8192)  # what such a user's new pipe holds
+            raise PermissionError(1, "Operation not permitted")
+        return real_fcntl(fd, command, *args)
+
+    monkeypatch.setattr(pool, "fcntl", refusing_fcntl)
+    data = np.arange(20_000, dtype=np.int64)
+    loader = DataLoader(ArrayDataset(data), batch_size=2_000, shuffle=True, generator=3,
+                        num_workers=2)
+    it = iter(loader)
+    assert it._pool._max_task_bytes == 8192 // (loader.prefetch_factor + 2)
+    batches = [batch.copy() for batch in it]
+    expected = [batch.copy() for batch in DataLoader(ArrayDataset(data), batch_size=2_000,
+                                                     shuffle=True, generator=3)]
+    assert len(batches) == 10
+    for ours, reference in zip(batches, expected):
+        np.testing.assert_array_equal(ours, reference)
+
 def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
     import pickle
 

@@ -66,8 +66,7 @@ class SampleTable(_ReadOnlyRows, Sequence):
     leading directory (the dataset root) is stored once rather than per path.
     """
 
-    __slots__ = ("_blob", "_count", "_ends", "_labels", "_offsets", "_path_bytes", "_prefix",
-                 "_targets")
+    __slots__ = ("_blob", "_count", "_ends", "_labels", "_offsets", "_prefix", "_targets")
     _instead = ("a folder dataset keeps its samples in a compact table that forked workers "
                 "share without copying; assign a new list instead, e.g. dataset.samples = "
                 "[(path, target), ...] (targets and imgs follow it)")
@@ -82,7 +81,6 @@ class SampleTable(_ReadOnlyRows, Sequence):
         blob = _as_bytes(path_bytes)
         self._prefix = prefix
         self._blob = blob  # sliced per item: one bytes slice, no numpy scalar
-        self._path_bytes = np.frombuffer(blob, dtype=np.uint8)  # a view of the same bytes
         self._offsets = offsets
         self._targets = targets
         # Indexing a memoryview of an int64 array gives a Python int directly;
@@ -213,8 +211,8 @@ class SampleTable(_ReadOnlyRows, Sequence):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of numpy storage the table occupies."""
-        return self._path_bytes.nbytes + self._offsets.nbytes + self._targets.nbytes
+        """Bytes the table's storage occupies (paths, offsets, targets)."""
+        return len(self._blob) + self._offsets.nbytes + self._targets.nbytes
 
 
 class TargetList(_ReadOnlyRows, Sequence):
