@@ -101,3 +101,8 @@ def resample_rows(
 def join_strings(items: Any) -> str | None:
     """``"\\0".join(items)`` when ``items`` is a non-empty list or tuple of exact ``str``
     without NUL characters (so ``split("\\0")`` gives them back), else None."""
+
+# --- worker termination (_termination.pxi) ---
+
+def kill_after_handling(signum: int, seconds: float) -> None:
+    """Make ``signum`` also arm a SIGKILL ``seconds`` later, around the handler installed now."""

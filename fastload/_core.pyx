@@ -11,9 +11,12 @@ extension module so the kernels share a single import:
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
   (the image pipeline's hot loop).
 * ``_text.pxi``: a batch's strings joined for the result pipe.
+* ``_termination.pxi``: a deadline on a terminated worker's death (a C
+  signal handler: CPython's run only between bytecodes).
 """
 
 include "_random.pxi"
 include "_copy.pxi"
 include "_resample.pxi"
 include "_text.pxi"
+include "_termination.pxi"

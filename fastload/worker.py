@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fastload import _core
 from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
 from fastload.layout_wire import LayoutSender
@@ -343,6 +344,9 @@ _TERMINATING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 # How long a terminated worker looks for signs that the main process was
 # terminated with it (the kernel signals a group's processes one by one).
 _GROUP_SIGNAL_WINDOW = 0.05
+# When a terminated worker that has not died yet is killed: after the longest
+# its handler takes (the window, the wait for the main process, the unlinks).
+_TERMINATION_DEADLINE = _GROUP_SIGNAL_WINDOW + _ORPHAN_GRACE + 3.0
 
 
 def _unlink_ring_when_terminated(parent: ParentWatch, ring_prefix: str) -> None:
@@ -354,7 +358,9 @@ def _unlink_ring_when_terminated(parent: ParentWatch, ring_prefix: str) -> None:
     or a fatal signal pending); if so it waits (boundedly) for it to go and
     unlinks the ring.  Then it dies of the same signal, so a main process
     that survives (the worker was signalled alone, or the main process
-    handles the signal) reports the worker's death as torch's would.  Only
+    handles the signal) reports the worker's death as torch's would.  A
+    worker stuck in C code, where no Python handler runs, is killed after
+    ``_TERMINATION_DEADLINE`` instead (``_core.kill_after_handling``).  Only
     signals left at their default action are taken over: an inherited
     handler (or ``nohup``'s ignored SIGHUP) stays the caller's choice.  (The
     main process stops its own workers with SIGKILL, never with these.)
@@ -374,6 +380,9 @@ def _unlink_ring_when_terminated(parent: ParentWatch, ring_prefix: str) -> None:
     for signum in _TERMINATING_SIGNALS:
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, unlink_then_die)
+            # A worker stuck in C code never runs this handler: it is killed
+            # once the handler had time to finish (see _termination.pxi).
+            _core.kill_after_handling(signum, _TERMINATION_DEADLINE)
 
 
 def _fatal_signal_pending(pid: int, signum: int) -> bool:

@@ -1122,6 +1122,54 @@ def test_process_group_terminated_leaves_no_segments(tmp_path, no_leaks, signum,
 
 
 @pytest.mark.timeout(60)
+def test_a_worker_stuck_in_c_code_still_dies_when_its_group_is_terminated(tmp_path, no_leaks):
+    # Worker 1 waits inside C (system() retries its wait on EINTR), where its
+    # Python SIGTERM handler cannot run: the deadline kills it, and worker 0
+    # unlinks the ring, as the main process is gone.
+    pidfile = tmp_path / "sleeper.pid"
+    script = _script(tmp_path, f"""
+        import os, time
+        import fastload as fl
+        from datasets_for_workers import SquareDataset
+
+        class StuckInC(SquareDataset):
+            def __getitem__(self, i):
+                info = fl.get_worker_info()
+                if info is not None and info.id == 1:
+                    os.system("exec setsid sh -c 'echo $$ > {pidfile}; exec sleep 30'")
+                return super().__getitem__(i)
+
+        if __name__ == "__main__":
+            it = iter(fl.DataLoader(StuckInC(64, (3, 16, 16)), batch_size=4, num_workers=2))
+            batch = next(it)
+            print("PIDS", *it.worker_pids, flush=True)
+            print("PREFIX", it._ring.prefix, flush=True)
+            time.sleep(60)
+        """)
+    try:
+        with _running(script) as proc:
+            no_leaks.watch_pid(proc.pid)
+            pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
+            prefix = _read_marker(proc, "PREFIX").strip()
+            deadline = time.monotonic() + 10
+            while not pidfile.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pidfile.exists(), "worker 1 never got stuck"
+            time.sleep(0.2)
+            start = time.monotonic()
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+        gone = _wait_gone(pids, 15.0)
+        assert gone == [], f"workers {gone} outlived their terminated group"
+        assert time.monotonic() - start < 12
+        assert _prefix_entries(prefix) == []
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
 def test_sigkilled_main_process_between_epochs_leaves_nothing(tmp_path, no_leaks):
     # Between two epochs of new (forked) workers the loader keeps the ring's
     # slots for the next epoch (NOTE [ Slots that outlive an epoch ]): mapped
