@@ -35,12 +35,13 @@ from fastload.dataset import is_iterable_dataset
 from fastload.fetch import BatchSource
 from fastload.interrupts import ctrl_c_deferred
 from fastload.layout_wire import LayoutReceiver
-from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, pickle_for_workers
+from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
 from fastload.resume import EpochProgress, TorchGeneratorState, check_state, make_state, \
     sampler_chain, torch_generator_of, warn_if_order_unknown
 from fastload.ring import Ring, SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from fastload.worker_payload import pickle_for_workers
 
 __all__ = ["DataLoader"]
 

@@ -7,8 +7,6 @@ fastload differs it is for memory or speed, never for results:
 * ``ArrayDataset`` stands in for ``TensorDataset``.  It keeps its arrays as
   given (an ``np.memmap`` stays a memmap, nothing is copied), so the
   DataLoader can gather whole batches from ``arrays`` with one kernel call.
-* Pickling an ``ArrayDataset`` (as ``spawn`` workers do) reopens file-backed
-  memmaps from their file instead of sending their bytes.
 * ``random_split`` draws its permutation from the ``_core`` kernel, seeded
   from ``generator`` through ``SeedSource``; the same seed gives the same
   split everywhere (but not the split torch would give for that seed).
@@ -19,7 +17,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import mmap
 import numbers
 import warnings
 from collections.abc import Sequence
@@ -124,56 +121,6 @@ def _as_array(obj: Any) -> np.ndarray:
     return np.asarray(obj)
 
 
-class _MemmapRef:
-    """How to map a memmap again in another process (see ``ArrayDataset``)."""
-
-    __slots__ = ("filename", "dtype", "mode", "offset", "shape", "order")
-
-    def __init__(self, filename: str, dtype: np.dtype, mode: str, offset: int,
-                 shape: tuple[int, ...], order: str) -> None:
-        self.filename, self.dtype, self.mode = filename, dtype, mode
-        self.offset, self.shape, self.order = offset, shape, order
-
-    def __getstate__(self) -> tuple:
-        return (self.filename, self.dtype, self.mode, self.offset, self.shape, self.order)
-
-    def __setstate__(self, state: tuple) -> None:
-        (self.filename, self.dtype, self.mode, self.offset, self.shape, self.order) = state
-
-    @classmethod
-    def of(cls, array: np.ndarray) -> _MemmapRef | None:
-        """A reference to ``array``'s bytes in its file, or None if it has none.
-
-        Views count too, as long as they are contiguous: the offset is found
-        from the distance between the view's data and the start of the mapping.
-        """
-        if not isinstance(array, np.memmap) or array.filename is None or array.size == 0:
-            return None
-        if array.mode == "c":
-            return None  # copy-on-write: its edits live only in this process's memory
-        if array.flags.c_contiguous:
-            order = "C"
-        elif array.flags.f_contiguous:
-            order = "F"
-        else:
-            return None
-        root = array
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if not isinstance(root, np.memmap) or not isinstance(root.base, mmap.mmap):
-            return None
-        view_start = array.__array_interface__["data"][0]
-        root_start = root.__array_interface__["data"][0]
-        offset = int(array.offset) + (view_start - root_start)
-        # A writable mapping reopens as "r+": "w+" would truncate the file.
-        mode = "r+" if array.mode == "w+" else array.mode
-        return cls(str(array.filename), array.dtype, mode, offset, array.shape, order)
-
-    def open(self) -> np.memmap:
-        return np.memmap(self.filename, dtype=self.dtype, mode=self.mode, offset=self.offset,
-                         shape=self.shape, order=self.order)
-
-
 class ArrayDataset(Dataset[tuple]):
     """Rows of arrays that share their first dimension: ``TensorDataset`` for numpy.
 
@@ -185,8 +132,9 @@ class ArrayDataset(Dataset[tuple]):
         *arrays: numpy arrays or ``np.memmap``s, used as they are; anything
             else ``np.asarray`` accepts (lists, torch tensors) is converted once.
 
-    Pickling (as ``spawn`` workers do) reopens a contiguous file-backed memmap
-    from its file rather than sending its bytes.
+    Spawn and forkserver workers map an ``np.memmap`` again from its file
+    rather than receive its bytes (NOTE [ Pickled once, or per worker ] in
+    ``worker_payload.py``); pickling it otherwise copies, as torch's does.
     """
 
     arrays: tuple[np.ndarray, ...]
@@ -215,15 +163,6 @@ class ArrayDataset(Dataset[tuple]):
 
     def __len__(self) -> int:
         return self._length
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["arrays"] = tuple(_MemmapRef.of(a) or a for a in self.arrays)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state["arrays"] = tuple(a.open() if isinstance(a, _MemmapRef) else a for a in state["arrays"])
-        self.__dict__.update(state)
 
 
 # --------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import pickle
 import select
 import signal
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +58,7 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["WorkerPool", "pickle_for_workers", "join_exiting_workers"]
+__all__ = ["WorkerPool", "join_exiting_workers"]
 
 # How long shutdown waits for workers to exit before terminating them.
 _JOIN_GRACE = 5.0
@@ -86,33 +86,6 @@ def _enlarge_pipe(conn: Any) -> int:
         return fcntl(conn.fileno(), _F_GETPIPE_SZ)
     except OSError:
         return 4096  # a pipe holds at least a page
-
-
-def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str) -> bytes:
-    """Pickle what spawn/forkserver workers need, once for all of them.
-
-    A failure names the object that cannot be pickled and what to do.
-    """
-    try:
-        return pickle.dumps(tuple(obj for _, obj in named_objects), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        for name, obj in named_objects:
-            try:
-                pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as inner:
-                culprit, error = name, inner
-                break
-        else:  # pragma: no cover - the tuple failed but no part did
-            culprit, error = "the worker arguments", exc
-        message = (f"DataLoader with multiprocessing_context={method!r} must pickle the {culprit} "
-                   f"to send it to the workers, but it cannot be pickled: {error}. Define it at "
-                   f"module level (not as a lambda, local function or class), or use "
-                   f"multiprocessing_context='fork'.")
-        try:
-            rebuilt = type(error)(message)
-        except Exception:
-            rebuilt = TypeError(message)
-        raise rebuilt from error
 
 
 def describe_exit(pid: int, exitcode: int | None) -> str:

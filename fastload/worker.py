@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import importlib.abc
 import importlib.machinery
+import multiprocessing
 import os
 import pickle
 import platform
@@ -308,7 +309,8 @@ def _decode_task(data: bytes) -> Any:
 def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str,
                 inherited_slots: dict[int, Segment] | None = None) -> None:
-    """Entry point of a worker process (``payload`` is pickled bytes under spawn).
+    """Entry point of a worker process (``payload`` is pickled bytes under spawn,
+    see ``worker_payload``).
 
     ``ring_prefix`` names every segment of this iterator's ring: if the main
     process dies, the worker unlinks them on its way out.  ``inherited_slots``
@@ -316,10 +318,16 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     """
     parent = ParentWatch(parent_pid)
     _unlink_ring_when_terminated(parent, ring_prefix)
+    # The payload's only reference from here on is the list: once unpickled,
+    # its bytes (as large as the dataset) are freed.  This process's Process
+    # object holds the arguments too, for the worker's whole life.
+    payload_holder = [payload]
+    del payload
+    multiprocessing.current_process()._args = ()
     orphaned = True
     try:
-        orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
-                          parent, inherited_slots)
+        orphaned = _serve(worker_id, num_workers, payload_holder, task_conn, result_conn,
+                          base_seed, parent, inherited_slots)
     except BaseException:
         # The caller's code ended this worker (``sys.exit()`` in a dataset, say):
         # it dies as torch's would, and the main process reports the exit.
@@ -404,7 +412,7 @@ def _fatal_signal_pending(pid: int, signum: int) -> bool:
     return bool(masks & ((1 << (signum - 1)) | (1 << (signal.SIGKILL - 1))))
 
 
-def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
+def _serve(worker_id: int, num_workers: int, payload_holder: list, task_conn: Any,
            result_conn: Any, base_seed: int, parent: ParentWatch,
            inherited_slots: dict[int, Segment] | None) -> bool:
     """Answer tasks until told to stop; True if the main process went away instead."""
@@ -472,9 +480,11 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     if not wait_for_task():
         return True
     try:
+        payload = payload_holder.pop()
         if isinstance(payload, bytes):
             payload = pickle.loads(payload)
         dataset, source_args, worker_init_fn = payload
+        del payload
         seed = base_seed + worker_id
         _tune_malloc()
         _seed_everything(seed)

@@ -617,9 +617,8 @@ def test_tasks_are_sized_for_the_smallest_pipe_when_it_cannot_be_enlarged(monkey
     for ours, reference in zip(batches, expected):
         np.testing.assert_array_equal(ours, reference)
 
-def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
-    import pickle
 
+def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
     path = tmp_path / "rows.u8"
     rows = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.uint8, shape=(400, 3, 16, 16))
     rows[:] = np.arange(400, dtype=np.uint8)[:, None, None, None]
@@ -627,7 +626,8 @@ def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
     data = np.load(str(path), mmap_mode="r")
     dataset = fl.ArrayDataset(data, np.arange(400))
     # 307 KB of rows: what a spawn worker receives must be the path, not the bytes.
-    assert len(pickle.dumps(dataset)) < 16_000
+    from fastload.worker_payload import pickle_for_workers
+    assert len(pickle_for_workers([("dataset", dataset)], "spawn")) < 16_000
     loader = DataLoader(dataset, batch_size=50, shuffle=True, generator=4, num_workers=2,
                         multiprocessing_context="spawn")
     single = DataLoader(dataset, batch_size=50, shuffle=True, generator=4)
