@@ -31,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import importlib.abc
 import importlib.machinery
-import multiprocessing
 import os
 import pickle
 import platform
@@ -318,16 +317,10 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     """
     parent = ParentWatch(parent_pid)
     _unlink_ring_when_terminated(parent, ring_prefix)
-    # The payload's only reference from here on is the list: once unpickled,
-    # its bytes (as large as the dataset) are freed.  This process's Process
-    # object holds the arguments too, for the worker's whole life.
-    payload_holder = [payload]
-    del payload
-    multiprocessing.current_process()._args = ()
     orphaned = True
     try:
-        orphaned = _serve(worker_id, num_workers, payload_holder, task_conn, result_conn,
-                          base_seed, parent, inherited_slots)
+        orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
+                          parent, inherited_slots)
     except BaseException:
         # The caller's code ended this worker (``sys.exit()`` in a dataset, say):
         # it dies as torch's would, and the main process reports the exit.
@@ -412,7 +405,7 @@ def _fatal_signal_pending(pid: int, signum: int) -> bool:
     return bool(masks & ((1 << (signum - 1)) | (1 << (signal.SIGKILL - 1))))
 
 
-def _serve(worker_id: int, num_workers: int, payload_holder: list, task_conn: Any,
+def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
            result_conn: Any, base_seed: int, parent: ParentWatch,
            inherited_slots: dict[int, Segment] | None) -> bool:
     """Answer tasks until told to stop; True if the main process went away instead."""
@@ -480,11 +473,12 @@ def _serve(worker_id: int, num_workers: int, payload_holder: list, task_conn: An
     if not wait_for_task():
         return True
     try:
-        payload = payload_holder.pop()
-        if isinstance(payload, bytes):
-            payload = pickle.loads(payload)
+        if isinstance(payload, bytearray):
+            # Emptied once unpickled: the call into this worker keeps its
+            # arguments referenced, and the bytes are as large as the dataset.
+            pickled, payload = payload, pickle.loads(payload)
+            pickled.clear()
         dataset, source_args, worker_init_fn = payload
-        del payload
         seed = base_seed + worker_id
         _tune_malloc()
         _seed_everything(seed)

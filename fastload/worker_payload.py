@@ -59,10 +59,16 @@ class _StartingAll:
         return None
 
 
-def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str) -> bytes | tuple:
+def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str
+                       ) -> bytearray | tuple:
     """The payload for spawn/forkserver workers: bytes pickled once for all of
     them, or the objects themselves when they must be pickled per worker (see
     NOTE [ Pickled once, or per worker ]).
+
+    The bytes are a ``bytearray``, which a worker empties once it has
+    unpickled it: the arguments of a process stay referenced while it runs
+    (by its ``Process`` object and the call into its target), and ``bytes``
+    would keep a second copy of the dataset in every worker.
 
     A failure names the object that cannot be pickled and what to do; the
     error keeps the type the pickling raised.
@@ -85,7 +91,7 @@ def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str) ->
     return _dumps(objects, strict=True)  # pragma: no cover - every part pickled alone
 
 
-def _dumps(obj: Any, strict: bool) -> bytes:
+def _dumps(obj: Any, strict: bool) -> bytearray:
     buffer = io.BytesIO()
     previous = mp_context.get_spawning_popen()
     mp_context.set_spawning_popen(_StartingAll(strict))
@@ -93,7 +99,7 @@ def _dumps(obj: Any, strict: bool) -> bytes:
         _PayloadPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
     finally:
         mp_context.set_spawning_popen(previous)
-    return buffer.getvalue()
+    return bytearray(buffer.getbuffer())
 
 
 def _unpicklable(name: str, error: Exception, method: str) -> Exception:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 def _through_workers(obj):
     """``obj`` as a spawn worker unpickles it."""
     payload = pickle_for_workers([("dataset", obj)], "spawn")
-    assert isinstance(payload, bytes)
+    assert isinstance(payload, bytearray)
     return pickle.loads(payload)[0], len(payload)
 
 
@@ -165,3 +165,22 @@ def test_an_unpicklable_object_is_named_even_beside_one_pickled_per_worker():
     with pytest.raises(AttributeError, match="must pickle the worker_init_fn"):
         pickle_for_workers([("dataset", CountingDataset(shared)),
                             ("worker_init_fn", lambda worker_id: None)], "spawn")
+
+
+def _fail_if_payload_bytes_remain(worker_id):
+    """worker_init_fn: runs once the payload is unpickled."""
+    import gc
+
+    left = [len(item) for holder in gc.get_objects() if isinstance(holder, (tuple, list, dict))
+            for item in (holder.values() if isinstance(holder, dict) else holder)
+            if isinstance(item, (bytes, bytearray)) and len(item) > 1_000_000]
+    if left:
+        raise AssertionError(f"worker {worker_id} still holds the payload's bytes: {left}")
+
+
+def test_workers_free_the_payload_bytes_once_unpickled():
+    # Else every spawn worker held the dataset twice (its bytes and itself).
+    dataset = fl.ArrayDataset(np.ones((1024, 1024), dtype=np.float32))  # 4 MiB, by value
+    loader = fl.DataLoader(dataset, batch_size=256, num_workers=2, multiprocessing_context="spawn",
+                           worker_init_fn=_fail_if_payload_bytes_remain)
+    assert sum(len(batch[0]) for batch in loader) == 1024
