@@ -26,6 +26,7 @@ import copy
 import math
 import re
 import sys
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -132,7 +133,7 @@ class ArraySlot:
         if self.as_torch:
             import torch  # only when the samples or a custom collate_fn held tensors
 
-            tensor = torch.from_numpy(_native_byte_order(array))
+            tensor = tensor_keeping(array, torch)
             torch_dtype = self.dtype.metadata and self.dtype.metadata.get("torch_dtype")
             if torch_dtype:  # see tensor_as_numpy
                 tensor = tensor.view(getattr(torch, torch_dtype.removeprefix("torch.")))
@@ -977,6 +978,29 @@ def _numpy_dtype_of(torch_dtype: Any) -> np.dtype:
     return tensor_as_numpy(torch.empty((), dtype=torch_dtype)).dtype
 
 
+# NOTE [ Tensors keep their slot ]
+# A tensor made by torch.from_numpy keeps its array (and so the ring slot
+# under it) alive through its storage's memory.  torch's share_memory_(),
+# which torch.multiprocessing's queues call too, moves a storage that is not
+# in torch's shared memory to new memory and lets go of the old; a numpy view
+# taken from the tensor before (``.numpy()``, based on a tensor sharing the
+# storage) would then point into a slot given to a later batch.  So the
+# array is also kept for as long as the storage object lives: torch keeps a
+# storage's Python object as long as any tensor uses the storage, and a weak
+# reference to it dies with the last.  Its callback is the dict's own
+# ``pop``: no Python code runs then (see NOTE [ Leases ] in ring.py), and the
+# slot comes back at once.
+_arrays_of_storages: dict = {}
+
+
+def tensor_keeping(array: np.ndarray, torch: Any) -> Any:
+    """``torch.from_numpy(array)``, keeping ``array`` while the tensor's storage lives
+    (NOTE [ Tensors keep their slot ])."""
+    tensor = torch.from_numpy(_native_byte_order(array))
+    _arrays_of_storages[weakref.ref(tensor.untyped_storage(), _arrays_of_storages.pop)] = array
+    return tensor
+
+
 def _native_byte_order(array: np.ndarray) -> np.ndarray:
     """``array``, or a copy in native byte order: torch has no big-endian tensors
     (fastload collates big-endian arrays; ``output="torch"`` gives their values)."""
@@ -996,8 +1020,7 @@ def to_torch(data: Any) -> Any:
 
     def leaf(value: Any) -> Any:
         if isinstance(value, np.ndarray):
-            return value if is_string_or_object_dtype(value.dtype) \
-                else torch.as_tensor(_native_byte_order(value))
+            return value if is_string_or_object_dtype(value.dtype) else tensor_keeping(value, torch)
         if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
             # Through a 0-d array: torch.as_tensor refuses an np.uint64 scalar.
             return torch.as_tensor(_native_byte_order(np.asarray(value)))

@@ -476,6 +476,29 @@ def test_torch_output_from_workers(torch):
     assert batch["name"] == ["item0", "item1", "item2", "item3"]
 
 
+@pytest.mark.parametrize("collate", ["default", "custom"])
+def test_numpy_views_of_torch_batches_survive_share_memory(torch, collate):
+    # share_memory_() (as a torch.multiprocessing queue's put does) moves a
+    # batch's storage out of its ring slot: a numpy view taken before must not
+    # see the slot's next batches (NOTE [ Tensors keep their slot ]), and the
+    # slots must still come back once nothing uses them.
+    kwargs = {} if collate == "default" else {"collate_fn": fl.default_collate}
+    loader = DataLoader(ArrayDataset(np.repeat(np.arange(200, dtype=np.float32), 256).reshape(200, 256)),
+                        batch_size=4, num_workers=2, output="torch", **kwargs)
+    for _ in range(2):
+        views = []
+        for k, (x,) in enumerate(loader):
+            views.append((k, x.numpy()))
+            x.share_memory_()
+            assert x.is_shared()
+        for k, view in views:
+            np.testing.assert_array_equal(view[:, 0], np.arange(4 * k, 4 * k + 4, dtype=np.float32))
+            assert (view == view[:, :1]).all()
+        del views, view, x
+    from fastload import collate as collate_module
+    assert collate_module._arrays_of_storages == {}  # every batch gone: nothing kept
+
+
 Point = collections.namedtuple("Point", "x y")
 
 
