@@ -562,8 +562,12 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
 
 
 def _is_number(value: Any) -> bool:
+    """A value ``torch.tensor(batch)`` takes as one number: a 0-d numeric array, or
+    a tensor of one element (it converts those as their ``item()``)."""
     if isinstance(value, np.ndarray):
         return value.ndim == 0 and value.dtype.kind in "biufc"
+    if _is_torch_tensor(value):
+        return value.numel() == 1
     return isinstance(value, (bool, int, float, complex, np.bool_, np.number))
 
 
@@ -616,6 +620,8 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
     for i, value in enumerate(values):
         if _is_torch_tensor(value):
             value = tensor_as_numpy(value)
+            if not each_as_tensor and value.size == 1:
+                value = value.reshape(())  # one number of torch.tensor(batch)
         try:
             if isinstance(value, np.ndarray):
                 array = value

@@ -564,6 +564,37 @@ def test_samples_holding_tensors_give_torchs_batch_of_tensors(torch):
     assert all(isinstance(leaf, np.ndarray) for leaf in plain)
 
 
+@pytest.mark.parametrize("first,later", [
+    ("int", "tensor-int64"), ("int", "tensor-uint8"), ("int", "tensor-float32"),
+    ("int", "tensor-of-one"), ("bool", "tensor-int64"), ("float", "tensor-int32"),
+    ("float", "tensor-float64"), ("np-int64", "tensor-int64"), ("np-float32", "tensor-float64"),
+])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_numbers_then_one_element_tensors_collate_as_torchs(torch, first, later, num_workers):
+    # A label returned as a number by some samples and as torch.tensor(label)
+    # by others: torch makes torch.tensor(batch) of them all.
+    make = {"int": int, "bool": lambda i: bool(i % 2), "float": lambda i: i + 0.5,
+            "np-int64": np.int64, "np-float32": np.float32,
+            "tensor-int64": torch.tensor, "tensor-uint8": lambda i: torch.tensor(i, dtype=torch.uint8),
+            "tensor-float32": lambda i: torch.tensor(i + 0.5),
+            "tensor-float64": lambda i: torch.tensor(i + 0.5, dtype=torch.float64),
+            "tensor-int32": lambda i: torch.tensor(i, dtype=torch.int32),
+            "tensor-of-one": lambda i: torch.tensor([i])}
+    samples = [{"x": np.zeros(2, np.float32), "y": make[first if i % 2 == 0 else later](i)}
+               for i in range(4)]
+    ours = list(fastload.DataLoader(samples, batch_size=4, num_workers=num_workers,
+                                    output="torch"))[0]
+    assert_same_as_torch(ours, torch.utils.data.default_collate(samples), tensors=True)
+
+
+def test_a_number_then_a_tensor_of_several_elements_fails_as_torchs(torch):
+    samples = [0, torch.tensor([1, 2])]
+    with pytest.raises(TypeError, match=r"batch\[1\] is Tensor"):  # torch's type
+        default_collate(samples)
+    with pytest.raises(TypeError):
+        torch.utils.data.default_collate(samples)
+
+
 @pytest.mark.parametrize("dtypes", [("bfloat16", "bfloat16"), ("float8_e4m3fn", "float8_e4m3fn"),
                                     ("float32", "float64"), ("int64", "float32"),
                                     ("bfloat16", "float32"), ("float32", "bfloat16"),
