@@ -190,6 +190,35 @@ class Value:
         return (Value, (self.value,))
 
 
+class TrackedTensors(Value):
+    """Tensors that carry autograd history (``requires_grad``): torch's
+    ``torch.stack`` makes the batch, so that gradients flow back to the
+    dataset's tensors, as with torch's collate; the ring's bytes would cut
+    them off.  (A worker then sends the stacked tensor pickled, which torch
+    refuses for a tensor with history, as its own workers fail on them.)"""
+
+    __slots__ = ()
+
+    def stack(self, values: list) -> Any:
+        import torch
+
+        first = format_path(self.path, 0)
+        for i, value in enumerate(values):
+            if not _is_torch_tensor(value):
+                raise TypeError(f"default_collate: {format_path(self.path, i)} is "
+                                f"{type(value).__name__}, but {first} is a tensor; every sample "
+                                f"must have the structure of the first")
+        return torch.stack(values)
+
+
+def _any_requires_grad(samples: Sequence, path: tuple) -> bool:
+    try:
+        values = _core.collect_leaf_objects(list(samples), path)
+    except (KeyError, IndexError, TypeError):
+        return False  # the fill names the sample that lacks it
+    return any(getattr(value, "requires_grad", False) for value in values)
+
+
 def _same_key_types(keys: list, other_keys: list) -> bool:
     """Whether two lists of equal keys also have the same types: ``1``, ``True``
     and ``1.0`` are equal, but a batch keeps its own sample's keys."""
@@ -432,9 +461,10 @@ def _rebuild_layout(root: Any, nbytes: int) -> BatchLayout:
 # --------------------------------------------------------------------------
 
 def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: list,
-               in_sequence: bool = False) -> Any:
+               in_sequence: bool = False, tracked: frozenset = frozenset()) -> Any:
     """The layout node of ``elem``; sequences to check go to ``length_checks``,
-    the paths of torch tensors to ``tensors``."""
+    the paths of torch tensors to ``tensors``; ``tracked``: the paths of tensors
+    that carry autograd history (see ``TrackedTensors``)."""
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
         if is_string_or_object_dtype(elem.dtype):
@@ -454,21 +484,24 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
         return Value(None, path, as_tuple=in_sequence)
     if _is_torch_tensor(elem):
         tensors.append(path)
+        if path in tracked:
+            return TrackedTensors(None, path)
         return ArraySlot(_numpy_dtype_of(elem.dtype), (n,) + tuple(elem.shape), path, _TENSOR,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
         if not elem:
             # No leaf will look it up, but torch does: every sample must have it.
             length_checks.append((path, None))
-        return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks, tensors)
+        return MappingNode(elem, [_plan_node(elem[key], path + (key,), n, length_checks, tensors,
+                                             tracked=tracked)
                                   for key in elem])
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
         return NamedTupleNode(elem_type, [
-            _plan_node(item, path + (i,), n, length_checks, tensors, True)
+            _plan_node(item, path + (i,), n, length_checks, tensors, True, tracked)
             for i, item in enumerate(elem)])
     if isinstance(elem, collections.abc.Sequence):
         length_checks.append((path, len(elem)))
-        children = [_plan_node(item, path + (i,), n, length_checks, tensors, True)
+        children = [_plan_node(item, path + (i,), n, length_checks, tensors, True, tracked)
                     for i, item in enumerate(elem)]
         # torch turns a tuple into a list ("backwards compatibility") and
         # rebuilds other sequences as their own type when it can.
@@ -485,6 +518,11 @@ def plan_collate(samples: Sequence) -> BatchLayout:
     tensors: list = []
     layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks, tensors),
                          length_checks)
+    tracked = frozenset(path for path in tensors if _any_requires_grad(samples, path))
+    if tracked:  # rare: lay out again, with torch stacking those leaves
+        length_checks, tensors = [], []
+        layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks, tensors,
+                                        tracked=tracked), length_checks)
     if tensors:
         # Samples that hold torch tensors make torch's batch: every array a
         # tensor (its numbers too), not tensors beside numpy arrays.
@@ -797,9 +835,12 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
         if isinstance(leaf, Value):
             try:
                 values = _core.collect_leaf_objects(samples, leaf.path)
-                leaf.value = tuple(values) if leaf.as_tuple else values
             except (KeyError, IndexError, TypeError) as exc:
                 raise _walk_error(samples, leaf.path, exc) from exc
+            if isinstance(leaf, TrackedTensors):
+                leaf.value = leaf.stack(values)
+            else:
+                leaf.value = tuple(values) if leaf.as_tuple else values
     return layout, buffer
 
 

@@ -587,6 +587,26 @@ def test_numbers_then_one_element_tensors_collate_as_torchs(torch, first, later,
     assert_same_as_torch(ours, torch.utils.data.default_collate(samples), tensors=True)
 
 
+@pytest.mark.parametrize("which", ["all", "a-later-one"])
+def test_samples_with_autograd_history_keep_it_in_the_batch_as_torchs(torch, which):
+    # Rows of a parameter (an embedding the dataset indexes): torch's batch
+    # is torch.stack of them, and gradients reach the parameter.
+    def run(collate):
+        weight = torch.nn.Parameter(torch.arange(12.0).reshape(6, 2))
+        samples = [{"row": weight[i] if which == "all" or i == 2 else weight[i].detach(),
+                    "label": i} for i in range(4)]
+        batch = collate(samples)
+        (batch["row"] * torch.arange(1.0, 5.0)[:, None]).sum().backward()
+        return batch, weight.grad
+
+    ours, our_grad = run(default_collate)
+    theirs, their_grad = run(torch.utils.data.default_collate)
+    assert ours["row"].requires_grad and ours["row"].grad_fn is not None
+    assert torch.equal(ours["row"].detach(), theirs["row"].detach())
+    assert torch.equal(ours["label"], theirs["label"])
+    assert torch.equal(our_grad, their_grad)
+
+
 def test_a_number_then_a_tensor_of_several_elements_fails_as_torchs(torch):
     samples = [0, torch.tensor([1, 2])]
     with pytest.raises(TypeError, match=r"batch\[1\] is Tensor"):  # torch's type
