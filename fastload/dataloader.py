@@ -343,13 +343,19 @@ def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[An
     receives each batch.  Any other sampler's batches reach the dataset as
     they were yielded, as in torch.
     """
-    # getattr: a batch_sampler may be iterable through __getitem__ alone (or
-    # not at all: then iter() below raises torch's TypeError).
-    if auto_collation and getattr(type(index_sampler), "__iter__", None) is BatchSampler.__iter__:
+    if _takes_kernel_batches(index_sampler, auto_collation):
         epoch = index_sampler._kernel_epoch()
         if epoch is not None:
             return index_sampler._slices(epoch), True
     return iter(index_sampler), False
+
+
+def _takes_kernel_batches(index_sampler: Any, auto_collation: bool) -> bool:
+    """Whether the epoch's batches may come from our BatchSampler's kernel (see
+    ``_index_stream``)."""
+    # getattr: a batch_sampler may be iterable through __getitem__ alone (or
+    # not at all: then iter() raises torch's TypeError).
+    return auto_collation and getattr(type(index_sampler), "__iter__", None) is BatchSampler.__iter__
 
 
 class _BaseIter:
@@ -390,8 +396,15 @@ class _BaseIter:
     def epoch_finished(self, finished: bool) -> None:
         self.progress.finished = finished
 
-    def _begin_epoch(self, resume: dict | None) -> int:
-        """Restore (on resume) and snapshot the seed streams, draw the epoch's base seed."""
+    def _begin_epoch(self, resume: dict | None, lazy: bool = False) -> int:
+        """Restore (on resume) and snapshot the seed streams, draw the epoch's base seed.
+
+        ``lazy``: our BatchSampler draws the epoch at the first batch, as
+        torch's (a generator) does in its single-process iterator, so that a
+        change made between ``iter()`` and the first ``next()``
+        (``set_epoch``, a ``rank``) applies to this epoch.  Workers take their
+        first tasks at ``iter()``, as torch's do.
+        """
         sources = self._rng_sources
         skip, skip_after = 0, ()
         if resume is not None:
@@ -404,8 +417,14 @@ class _BaseIter:
                                       getattr(self._sampler, "epoch", None), skip, skip_after)
         base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
-        self._indices, self._kernel_batches = _index_stream(self._index_sampler,
-                                                            self._source.auto_collation)
+        if lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
+            # BatchSampler.__iter__ is a generator, as torch's: nothing of it
+            # runs before the first batch.
+            self._kernel_batches = False
+            self._indices = self._indices_from_first_batch()
+        else:
+            self._indices, self._kernel_batches = _index_stream(self._index_sampler,
+                                                                self._source.auto_collation)
         # Batches already handed out are skipped as indices only: nothing is
         # fetched.  Those handed out of order (in_order=False) beyond the first
         # ones are skipped as their turn comes (``_skips_next``).
@@ -415,6 +434,12 @@ class _BaseIter:
         self.num_yielded = skip
         self._next_batch_no = skip
         return base_seed
+
+    def _indices_from_first_batch(self) -> Iterator[Any]:
+        self.progress.sampler_epoch = getattr(self._sampler, "epoch", None)
+        stream, self._kernel_batches = _index_stream(self._index_sampler,
+                                                     self._source.auto_collation)
+        yield from stream
 
     def _skips_next(self) -> bool:
         """Skip the next index batch if it was handed out before a resume; False at the end."""
@@ -470,7 +495,7 @@ class _SingleProcessIter(_BaseIter):
                 f"itself; set timeout=0 (torch: _SingleProcessDataLoaderIter requires "
                 f"timeout == 0)")
         super().__init__(loader)
-        self._begin_epoch(resume)
+        self._begin_epoch(resume, lazy=True)
         if self._source.iterable:
             # As torch: the dataset's iter() runs now, so its errors (even a
             # StopIteration) come out of iter(loader).  (A worker's runs at its first batch.)

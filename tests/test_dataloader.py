@@ -810,3 +810,34 @@ def test_our_batch_samplers_batches_reach_the_dataset_as_lists_of_ints(torch):
 
     for kwargs in ({}, {"shuffle": True}, {"num_workers": 2}):
         assert keys_seen(fl, **kwargs) == keys_seen(torch.utils.data, **kwargs) == ["batch list"] * 8
+
+
+@pytest.mark.parametrize("change", ["set_epoch", "rank"])
+@pytest.mark.parametrize("batch_size", [1, 3, None])
+def test_a_sampler_changed_between_iter_and_the_first_batch_applies_as_in_torch(torch, change,
+                                                                                 batch_size):
+    # torch's single-process iterator draws the order at the first batch (its
+    # BatchSampler is a generator): a training loop that makes its iterator,
+    # then calls set_epoch (or sets the rank), gets that epoch's shard.
+    # Without batching the sampler itself is iterated at iter(), too early.
+    def epoch(lib, late):
+        dataset = list(range(12))
+        sampler = lib.DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=True, seed=0)
+        loader = lib.DataLoader(dataset, sampler=sampler, batch_size=batch_size)
+
+        def apply():
+            if change == "set_epoch":
+                sampler.set_epoch(5)
+            else:
+                sampler.rank = 1
+
+        if not late:
+            apply()
+        it = iter(loader)
+        if late:
+            apply()
+        return [np.asarray(batch).tolist() for batch in it]
+
+    torch_applies = epoch(torch.utils.data, late=True) == epoch(torch.utils.data, late=False)
+    assert torch_applies == (batch_size is not None)
+    assert (epoch(fl, late=True) == epoch(fl, late=False)) == torch_applies
