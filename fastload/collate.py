@@ -49,6 +49,8 @@ __all__ = [
 
 # numpy dtypes default_collate refuses, as torch does: strings, bytes, objects.
 _STR_OBJ_DTYPE = re.compile(r"[SaUO]")
+_ERR_FORMAT = ("default_collate: batch must contain tensors, numpy arrays, numbers, "
+               "dicts or lists; found {}")
 
 
 def is_string_or_object_dtype(dtype: np.dtype) -> bool:
@@ -56,8 +58,6 @@ def is_string_or_object_dtype(dtype: np.dtype) -> bool:
     and a structured dtype holding objects (which no tensor can take either)."""
     return _STR_OBJ_DTYPE.search(dtype.str) is not None or dtype.hasobject
 
-_ERR_FORMAT = ("default_collate: batch must contain tensors, numpy arrays, numbers, "
-               "dicts or lists; found {}")
 
 # Leaves are aligned so every view is aligned for any dtype, and so two
 # leaves never share a cache line (workers write them concurrently in other
@@ -133,7 +133,7 @@ class ArraySlot:
         if self.as_torch:
             import torch  # only when the samples or a custom collate_fn held tensors
 
-            tensor = tensor_keeping(array, torch)
+            tensor = _tensor_keeping(array, torch)
             torch_dtype = self.dtype.metadata and self.dtype.metadata.get("torch_dtype")
             if torch_dtype:  # see tensor_as_numpy
                 tensor = tensor.view(getattr(torch, torch_dtype.removeprefix("torch.")))
@@ -1040,7 +1040,7 @@ def _numpy_dtype_of(torch_dtype: Any) -> np.dtype:
 _arrays_of_storages: dict = {}
 
 
-def tensor_keeping(array: np.ndarray, torch: Any) -> Any:
+def _tensor_keeping(array: np.ndarray, torch: Any) -> Any:
     """``torch.from_numpy(array)``, keeping ``array`` while the tensor's storage lives
     (NOTE [ Tensors keep their slot ])."""
     tensor = torch.from_numpy(_native_byte_order(array))
@@ -1067,7 +1067,9 @@ def to_torch(data: Any) -> Any:
 
     def leaf(value: Any) -> Any:
         if isinstance(value, np.ndarray):
-            return value if is_string_or_object_dtype(value.dtype) else tensor_keeping(value, torch)
+            if is_string_or_object_dtype(value.dtype):
+                return value
+            return _tensor_keeping(value, torch)
         if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
             # Through a 0-d array: torch.as_tensor refuses an np.uint64 scalar.
             return torch.as_tensor(_native_byte_order(np.asarray(value)))
