@@ -202,13 +202,17 @@ class TrackedTensors(Value):
     def stack(self, values: list) -> Any:
         import torch
 
-        first = format_path(self.path, 0)
-        for i, value in enumerate(values):
-            if not _is_torch_tensor(value):
-                raise TypeError(f"default_collate: {format_path(self.path, i)} is "
-                                f"{type(value).__name__}, but {first} is a tensor; every sample "
-                                f"must have the structure of the first")
+        _check_all_tensors(values, self.path)
         return torch.stack(values)
+
+
+def _check_all_tensors(values: list, path: tuple) -> None:
+    """Every sample's leaf at ``path`` is a tensor, as the first one is."""
+    for i, value in enumerate(values):
+        if not _is_torch_tensor(value):
+            raise TypeError(f"default_collate: {format_path(path, i)} is {type(value).__name__}, "
+                            f"but {format_path(path, 0)} is a tensor; every sample must have "
+                            f"the structure of the first")
 
 
 def _any_requires_grad(samples: Sequence, path: tuple) -> bool:
@@ -685,12 +689,8 @@ def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
     import torch
 
     values = _core.collect_leaf_objects(list(samples), leaf.path)
+    _check_all_tensors(values, leaf.path)
     first = format_path(leaf.path, 0)
-    for i, value in enumerate(values):
-        if not _is_torch_tensor(value):
-            raise TypeError(f"default_collate: {format_path(leaf.path, i)} is "
-                            f"{type(value).__name__}, but {first} is a tensor; every sample "
-                            f"must have the structure of the first")
     dtype = values[0].dtype
     for value in values[1:]:
         if value.dtype != dtype:

@@ -1005,6 +1005,24 @@ def test_a_process_the_caller_forks_leaves_the_loader_alone_at_its_exit(tmp_path
     assert stderr == ""
 
 
+def _assert_workers_and_segments_go(pids: list[int], prefixes: list[str], outlived: str) -> None:
+    """Within 10 s no worker of ``pids`` is alive and no segment of ``prefixes`` is left
+    (workers still alive then are killed, after the test has failed)."""
+    def leftovers():
+        return [name for prefix in prefixes for name in _prefix_entries(prefix)]
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or leftovers()):
+        time.sleep(0.1)
+    orphans = [p for p in pids if is_alive(p)]
+    try:
+        assert orphans == [], f"workers {orphans} outlived {outlived}"
+        assert leftovers() == [], f"segments outlived {outlived}"
+    finally:
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 @pytest.mark.parametrize("busy", ["idle", "busy", "oversized"])
@@ -1058,19 +1076,7 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
-    def leftovers():
-        return [name for prefix in prefixes for name in _prefix_entries(prefix)]
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or leftovers()):
-        time.sleep(0.1)
-    orphans = [p for p in pids if is_alive(p)]
-    try:
-        assert orphans == [], f"workers {orphans} outlived their killed parent"
-        assert leftovers() == [], "segments outlived the killed main process"
-    finally:
-        for pid in orphans:
-            os.kill(pid, signal.SIGKILL)
+    _assert_workers_and_segments_go(pids, prefixes, "their killed main process")
 
 
 @pytest.mark.timeout(60)
@@ -1106,19 +1112,7 @@ def test_process_group_terminated_leaves_no_segments(tmp_path, no_leaks, signum,
         os.killpg(proc.pid, signum)
         assert proc.wait(timeout=10) == -signum
 
-    def leftovers():
-        return [name for prefix in prefixes for name in _prefix_entries(prefix)]
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (any(is_alive(p) for p in pids) or leftovers()):
-        time.sleep(0.1)
-    orphans = [p for p in pids if is_alive(p)]
-    try:
-        assert orphans == [], f"workers {orphans} outlived the terminated group"
-        assert leftovers() == [], "segments outlived the terminated process group"
-    finally:
-        for pid in orphans:
-            os.kill(pid, signal.SIGKILL)
+    _assert_workers_and_segments_go(pids, prefixes, "their terminated process group")
 
 
 @pytest.mark.timeout(60)
