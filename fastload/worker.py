@@ -50,6 +50,7 @@ from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
 from fastload.layout_wire import LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
+from fastload.worker_payload import PickledPayload
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",
            "LIVENESS_INTERVAL", "STOP_MESSAGE"]
@@ -473,11 +474,8 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     if not wait_for_task():
         return True
     try:
-        if isinstance(payload, bytearray):
-            # Emptied once unpickled: the call into this worker keeps its
-            # arguments referenced, and the bytes are as large as the dataset.
-            pickled, payload = payload, pickle.loads(payload)
-            pickled.clear()
+        if isinstance(payload, PickledPayload):
+            payload = pickle.loads(payload.take())  # the bytes go once unpickled
         dataset, source_args, worker_init_fn = payload
         seed = base_seed + worker_id
         _tune_malloc()

@@ -32,7 +32,28 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["pickle_for_workers"]
+__all__ = ["pickle_for_workers", "PickledPayload"]
+
+
+class PickledPayload:
+    """The payload's bytes, in a holder the worker empties once it has unpickled
+    them: the arguments of a process stay referenced while it runs (by its
+    ``Process`` object and the call into its target), and the bytes alone
+    would keep a second copy of the dataset in every worker.  (A ``bytearray``
+    could be emptied too, but multiprocessing pickles a process's arguments
+    with protocol 4, which copies a bytearray once more, per worker.)"""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple:
+        return (PickledPayload, (self.data,))
+
+    def take(self) -> bytes:
+        data, self.data = self.data, b""
+        return data
 
 
 class _NeedsEachWorker(Exception):
@@ -60,22 +81,17 @@ class _StartingAll:
 
 
 def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str
-                       ) -> bytearray | tuple:
+                       ) -> PickledPayload | tuple:
     """The payload for spawn/forkserver workers: bytes pickled once for all of
     them, or the objects themselves when they must be pickled per worker (see
     NOTE [ Pickled once, or per worker ]).
-
-    The bytes are a ``bytearray``, which a worker empties once it has
-    unpickled it: the arguments of a process stay referenced while it runs
-    (by its ``Process`` object and the call into its target), and ``bytes``
-    would keep a second copy of the dataset in every worker.
 
     A failure names the object that cannot be pickled and what to do; the
     error keeps the type the pickling raised.
     """
     objects = tuple(obj for _, obj in named_objects)
     try:
-        return _dumps(objects, strict=True)
+        return PickledPayload(_dumps(objects, strict=True))
     except _NeedsEachWorker:
         per_worker = True
     except Exception:
@@ -88,10 +104,10 @@ def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str
             raise _unpicklable(name, error, method) from error
     if per_worker:
         return objects
-    return _dumps(objects, strict=True)  # pragma: no cover - every part pickled alone
+    return PickledPayload(_dumps(objects, strict=True))  # pragma: no cover - each part pickled
 
 
-def _dumps(obj: Any, strict: bool) -> bytearray:
+def _dumps(obj: Any, strict: bool) -> bytes:
     buffer = io.BytesIO()
     previous = mp_context.get_spawning_popen()
     mp_context.set_spawning_popen(_StartingAll(strict))
@@ -99,7 +115,7 @@ def _dumps(obj: Any, strict: bool) -> bytearray:
         _PayloadPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
     finally:
         mp_context.set_spawning_popen(previous)
-    return bytearray(buffer.getbuffer())
+    return buffer.getvalue()
 
 
 def _unpicklable(name: str, error: Exception, method: str) -> Exception:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload.worker_payload import pickle_for_workers
+from fastload.worker_payload import PickledPayload, pickle_for_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.timeout(120)
 def _through_workers(obj):
     """``obj`` as a spawn worker unpickles it."""
     payload = pickle_for_workers([("dataset", obj)], "spawn")
-    assert isinstance(payload, bytearray)
-    return pickle.loads(payload)[0], len(payload)
+    assert isinstance(payload, PickledPayload)
+    return pickle.loads(payload.data)[0], len(payload.data)
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_a_file_replaced_after_pickling_fails_in_the_worker_naming_it(tmp_path, 
     (values + 1000).tofile(tmp_path / "new.dat")
     os.replace(tmp_path / "new.dat", tmp_path / "x.dat")
     with pytest.raises(RuntimeError, match=r"x\.dat.*was replaced or removed"):
-        pickle.loads(payload)
+        pickle.loads(payload.data)
 
 
 def test_memmap_array_dataset_under_spawn_workers_matches_in_process(tmp_path, values):
@@ -171,9 +171,14 @@ def _fail_if_payload_bytes_remain(worker_id):
     """worker_init_fn: runs once the payload is unpickled."""
     import gc
 
-    left = [len(item) for holder in gc.get_objects() if isinstance(holder, (tuple, list, dict))
-            for item in (holder.values() if isinstance(holder, dict) else holder)
-            if isinstance(item, (bytes, bytearray)) and len(item) > 1_000_000]
+    from fastload.worker_payload import PickledPayload
+
+    held = [len(obj.data) for obj in gc.get_objects()
+            if isinstance(obj, PickledPayload) and len(obj.data) > 1_000_000]
+    left = held + [len(item) for holder in gc.get_objects()
+                   if isinstance(holder, (tuple, list, dict))
+                   for item in (holder.values() if isinstance(holder, dict) else holder)
+                   if isinstance(item, (bytes, bytearray)) and len(item) > 1_000_000]
     if left:
         raise AssertionError(f"worker {worker_id} still holds the payload's bytes: {left}")
 

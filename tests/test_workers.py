@@ -650,7 +650,7 @@ def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
     dataset = fl.ArrayDataset(data, np.arange(400))
     # 307 KB of rows: what a spawn worker receives must be the path, not the bytes.
     from fastload.worker_payload import pickle_for_workers
-    assert len(pickle_for_workers([("dataset", dataset)], "spawn")) < 16_000
+    assert len(pickle_for_workers([("dataset", dataset)], "spawn").data) < 16_000
     loader = DataLoader(dataset, batch_size=50, shuffle=True, generator=4, num_workers=2,
                         multiprocessing_context="spawn")
     single = DataLoader(dataset, batch_size=50, shuffle=True, generator=4)
