@@ -333,8 +333,7 @@ def test_iterator_collected_by_gc_still_cleans_up(tmp_path, no_leaks):
                             stderr=subprocess.PIPE, text=True)
     try:
         no_leaks.watch_pid(proc.pid)
-        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-        prefix = _read_marker(proc, "PREFIX")
+        pids, (prefix,) = _read_workers(proc)
         _read_marker(proc, "COLLECTED")
         left_workers = _wait_gone(pids, 5.0)
         left_segments = _prefix_entries(prefix)
@@ -837,6 +836,12 @@ def _read_marker(proc, marker: str, seconds: float = 30.0) -> str:
     raise AssertionError(f"no {marker!r} from child")
 
 
+def _read_workers(proc) -> tuple[list[int], list[str]]:
+    """The worker pids and ring prefixes a child script printed (``PIDS ...``, ``PREFIX ...``)."""
+    pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
+    return pids, _read_marker(proc, "PREFIX").split()
+
+
 @pytest.mark.timeout(60)
 def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path, no_leaks):
     script = _script(tmp_path, """
@@ -854,8 +859,7 @@ def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path
         """)
     with _running(script) as proc:
         no_leaks.watch_pid(proc.pid)
-        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-        prefix = _read_marker(proc, "PREFIX")
+        pids, (prefix,) = _read_workers(proc)
         assert prefix.startswith(f"fl_{proc.pid}_")
         assert all(is_alive(p) for p in pids)
         time.sleep(0.3)
@@ -940,8 +944,7 @@ def test_ctrl_c_while_a_dropped_iterator_stops_busy_workers_is_raised_and_cleans
         """)
     with _running(script) as proc:
         no_leaks.watch_pid(proc.pid)
-        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-        prefix = _read_marker(proc, "PREFIX")
+        pids, (prefix,) = _read_workers(proc)
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     assert "Exception ignored" not in stderr, stderr
@@ -1069,8 +1072,7 @@ def test_sigkilled_main_process_leaves_no_orphans_or_segments(tmp_path, no_leaks
         """)
     with _running(script) as proc:
         no_leaks.watch_pid(proc.pid)
-        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-        prefixes = _read_marker(proc, "PREFIX").split()
+        pids, prefixes = _read_workers(proc)
         assert all(is_alive(p) for p in pids)
         assert _prefix_entries(prefixes[0]), "the child's ring should have segments"
         os.kill(proc.pid, signal.SIGKILL)
@@ -1106,8 +1108,7 @@ def test_process_group_terminated_leaves_no_segments(tmp_path, no_leaks, signum,
         """)
     with _running(script) as proc:
         no_leaks.watch_pid(proc.pid)
-        pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-        prefixes = _read_marker(proc, "PREFIX").split()
+        pids, prefixes = _read_workers(proc)
         assert all(_prefix_entries(prefix) for prefix in prefixes)
         os.killpg(proc.pid, signum)
         assert proc.wait(timeout=10) == -signum
@@ -1143,8 +1144,7 @@ def test_a_worker_stuck_in_c_code_still_dies_when_its_group_is_terminated(tmp_pa
     try:
         with _running(script) as proc:
             no_leaks.watch_pid(proc.pid)
-            pids = [int(p) for p in _read_marker(proc, "PIDS").split()]
-            prefix = _read_marker(proc, "PREFIX").strip()
+            pids, (prefix,) = _read_workers(proc)
             deadline = time.monotonic() + 10
             while not pidfile.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
