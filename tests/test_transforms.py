@@ -110,6 +110,14 @@ def test_center_crop_larger_than_the_image_pads_with_zeros():
     assert np.array_equal(out[1:5], pixels(img)[:, 1:4]) and out[0].sum() == 0 and out[5].sum() == 0
 
 
+@pytest.mark.parametrize("mode", ["P", "PA"])
+def test_center_crop_padding_keeps_the_palette(mode):
+    img = photo(5, 4, mode=mode)
+    out = T.CenterCrop((7, 8))(img)
+    assert out.mode == mode and out.getpalette() == img.getpalette()
+    assert np.array_equal(pixels(out.convert("RGBA"))[1:5, 1:6], pixels(img.convert("RGBA")))
+
+
 def test_center_crop_on_arrays_matches_pil():
     img = photo(9, 6)
     chw = np.ascontiguousarray(pixels(img).transpose(2, 0, 1))

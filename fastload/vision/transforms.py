@@ -344,7 +344,7 @@ class CenterCrop:
 def _zero_pad(img: Any, left: int, top: int, right: int, bottom: int) -> Any:
     if isinstance(img, Image.Image):
         padded = Image.new(img.mode, (img.width + left + right, img.height + top + bottom))
-        if img.mode == "P":
+        if img.mode in ("P", "PA"):  # a new image has a default palette: keep the colours
             padded.putpalette(img.getpalette())
         padded.paste(img, (left, top))
         return padded
