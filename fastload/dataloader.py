@@ -36,8 +36,8 @@ from fastload.fetch import BatchSource
 from fastload.interrupts import ctrl_c_deferred
 from fastload.layout_wire import LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
-from fastload.resume import EpochProgress, TorchGeneratorState, check_state, make_state, \
-    sampler_chain, torch_generator_of, warn_if_order_unknown
+from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
+    seed_streams, warn_if_order_unknown
 from fastload.ring import Ring, SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -291,20 +291,8 @@ class DataLoader:
             weakref.finalize(self, join_exiting_workers)
 
     def _rng_sources(self) -> list:
-        """Every seed stream an epoch draws from, to snapshot and restore them: ours,
-        and the torch.Generator a torch sampler was given."""
-        sources: list = [self._seed_source]
-        seen = [self._seed_source]
-        for sampler in [self.sampler, *sampler_chain(self)]:
-            source = getattr(sampler, "_seed_source", None)
-            if isinstance(source, SeedSource) and all(source is not s for s in seen):
-                sources.append(source)
-                seen.append(source)
-            generator = torch_generator_of(sampler)
-            if generator is not None and all(generator is not s for s in seen):
-                sources.append(TorchGeneratorState(generator))
-                seen.append(generator)
-        return sources
+        """Every seed stream an epoch draws from, to snapshot and restore them."""
+        return [source for _, source in seed_streams(self)]
 
     # -- resumption ----------------------------------------------------------
 
@@ -383,7 +371,7 @@ class _BaseIter:
         self._loader_workers = loader.num_workers
         self._seed_source = loader._seed_source
         self._rng_sources = loader._rng_sources()
-        self._sampler = loader.sampler
+        self._epoch_sampler = epoch_sampler(loader)
         self._index_sampler = loader._index_sampler
         self._len_called = loader._IterableDataset_len_called
         self.progress = EpochProgress([], None)
@@ -410,11 +398,11 @@ class _BaseIter:
         if resume is not None:
             for source, state in zip(sources, resume["rng_states"]):
                 source.set_state(state)
-            if resume["sampler_epoch"] is not None and hasattr(self._sampler, "set_epoch"):
-                self._sampler.set_epoch(resume["sampler_epoch"])
+            if resume["sampler_epoch"] is not None and self._epoch_sampler is not None:
+                self._epoch_sampler.set_epoch(resume["sampler_epoch"])
             skip, skip_after = int(resume["batches_yielded"]), resume["yielded_after"]
         self.progress = EpochProgress([s.get_state() for s in sources],
-                                      getattr(self._sampler, "epoch", None), skip, skip_after)
+                                      getattr(self._epoch_sampler, "epoch", None), skip, skip_after)
         base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
         if lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
@@ -436,7 +424,7 @@ class _BaseIter:
         return base_seed
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
-        self.progress.sampler_epoch = getattr(self._sampler, "epoch", None)
+        self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)
         stream, self._kernel_batches = _index_stream(self._index_sampler,
                                                      self._source.auto_collation)
         yield from stream

@@ -13,12 +13,15 @@ which drop the iterator -- still says where the epoch stopped.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import sys
 import warnings
 from typing import Any
 
 import numpy as np
+
+from fastload.rng import SeedSource
 
 STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)  # version 1 had no loader description and no out-of-order list
@@ -63,7 +66,8 @@ def describe(loader: Any) -> dict:
     except TypeError:
         length = None
     return {"dataset_length": length, "batch_size": loader.batch_size,
-            "drop_last": loader.drop_last, "samplers": _sampler_settings(loader)}
+            "drop_last": loader.drop_last, "samplers": _sampler_settings(loader),
+            "seed_streams": [label for label, _ in seed_streams(loader)]}
 
 
 # The arguments torch's samplers and fastload's share that shape an epoch's
@@ -73,11 +77,10 @@ _SAMPLER_SETTINGS = ("batch_size", "drop_last", "replacement", "num_samples", "n
 
 
 def _sampler_settings(loader: Any) -> dict:
-    """Each sampler that decides the batches, by its place (``batch_sampler``,
-    ``batch_sampler.sampler``, ...): its type, its settings, its length."""
-    root = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    """Each sampler that decides the batches, by its place: its type, its
+    settings, its length."""
     settings = {}
-    for depth, sampler in enumerate(sampler_chain(loader)):
+    for place, sampler in sampler_places(loader):
         entry: dict = {"type": _type_name(sampler)}
         for name in _SAMPLER_SETTINGS:
             try:
@@ -92,8 +95,41 @@ def _sampler_settings(loader: Any) -> dict:
             entry["length"] = len(sampler)  # e.g. SubsetRandomSampler's indices
         except Exception:
             pass
-        settings[".".join([root] + ["sampler"] * depth)] = entry
+        for name, values in _sampler_contents(sampler):
+            digest = _sampled_digest(values)
+            if digest is not None:
+                entry[name] = digest
+        settings[place] = entry
     return settings
+
+
+_CONTENTS = ("indices", "weights")
+
+
+def _sampler_contents(sampler: Any) -> list[tuple[str, Any]]:
+    """What a sampler draws from besides its settings: a subset's indices, the
+    weights, or the sampler itself when it is a plain sequence of indices."""
+    if isinstance(sampler, (list, tuple, range, np.ndarray)):
+        return [("indices", sampler)]
+    return [(name, getattr(sampler, name)) for name in _CONTENTS
+            if getattr(sampler, name, None) is not None]
+
+
+_DIGEST_PICKS = 1024
+
+
+def _sampled_digest(values: Any) -> str | None:
+    """A digest of up to ``_DIGEST_PICKS`` evenly spaced entries of ``values``:
+    enough to tell another subset or other weights apart, without reading
+    millions of indices at every ``state_dict()``.  None if they cannot be read
+    as numbers."""
+    try:
+        count = len(values)
+        picks = [values[i] for i in range(0, count, max(1, count // _DIGEST_PICKS))]
+        sample = np.asarray(picks, dtype=np.float64)
+    except Exception:  # a caller's sequence we cannot index or turn into numbers
+        return None
+    return f"<digest {hashlib.blake2b(sample.tobytes(), digest_size=8).hexdigest()}>"
 
 
 def _differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
@@ -111,8 +147,10 @@ def _differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
                 if old.get("type") != new.get("type"):
                     found.append((place, old.get("type"), new.get("type")))
                     continue
+                # A readable setting first; a digest of the contents only if they alone differ.
+                names = sorted(set(old) | set(new), key=lambda n: (n in _CONTENTS, n))
                 found += [(f"{place}.{name}", old.get(name), new.get(name))
-                          for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+                          for name in names if old.get(name) != new.get(name)]
         else:
             found.append((key, recorded[key], value))
     return found
@@ -229,6 +267,54 @@ def sampler_chain(loader: Any) -> list:
     return chain
 
 
+def sampler_places(loader: Any) -> list[tuple[str, Any]]:
+    """``sampler_chain`` with each sampler's place: ``batch_sampler``,
+    ``batch_sampler.sampler``, ... (or ``sampler`` without a batch sampler)."""
+    root = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    return [(".".join([root] + ["sampler"] * depth), sampler)
+            for depth, sampler in enumerate(sampler_chain(loader))]
+
+
+def epoch_sampler(loader: Any) -> Any:
+    """The sampler whose ``set_epoch`` shapes the epoch (a DistributedSampler,
+    also inside a batch sampler), or None: a state records its epoch."""
+    for sampler in sampler_chain(loader):
+        if callable(getattr(sampler, "set_epoch", None)):
+            return sampler
+    return None
+
+
+def seed_streams(loader: Any) -> list[tuple[str, Any]]:
+    """Every seed stream an epoch draws from, to snapshot and restore: the
+    loader's, then each sampler's own ``SeedSource`` or torch.Generator.
+
+    Each comes with a label naming its place, and the place whose stream it
+    shares if it shares one (``shuffle=True`` makes the loader's RandomSampler
+    draw from the loader's generator): a state for two streams drawn in turn
+    from one generator does not resume a loader whose two streams are apart,
+    though their states fit.
+    """
+    streams: list[tuple[str, Any]] = []
+    taken: list = []  # sources and torch.Generators (a state's layout: each once)
+    first_place: dict[int, str] = {}
+
+    def take(place: str, source: Any, key: Any) -> None:
+        taken.append(key)
+        shared = first_place.setdefault(id(source.stream), place)
+        streams.append((place if shared == place else f"{place} (draws from {shared})",
+                        source))
+
+    take("generator", loader._seed_source, loader._seed_source)
+    for place, sampler in sampler_places(loader):
+        source = getattr(sampler, "_seed_source", None)
+        if isinstance(source, SeedSource) and all(source is not t for t in taken):
+            take(place, source, source)
+        generator = torch_generator_of(sampler)
+        if generator is not None and all(generator is not t for t in taken):
+            take(place, TorchGeneratorState(generator), generator)
+    return streams
+
+
 def torch_generator_of(sampler: Any) -> Any:
     """The ``torch.Generator`` a (torch) sampler draws its order from, if it was given one."""
     torch = sys.modules.get("torch")
@@ -242,6 +328,10 @@ class TorchGeneratorState:
 
     def __init__(self, generator: Any) -> None:
         self.generator = generator
+
+    @property
+    def stream(self) -> Any:
+        return self.generator
 
     def get_state(self) -> tuple:
         return ("torch.Generator", self.generator.get_state())

@@ -68,6 +68,11 @@ class SeedSource:
             raise TypeError(f"generator must be None, an int seed, a numpy.random.Generator "
                             f"or a torch.Generator, got {type(generator).__name__}")
 
+    @property
+    def stream(self) -> Any:
+        """The generator drawn from (shared by the sources made from this one)."""
+        return self._torch if self._torch is not None else self._numpy
+
     def draw(self) -> int:
         """The next seed of the stream, in [0, 2**63)."""
         if self._torch is not None:

@@ -188,6 +188,31 @@ def test_a_distributed_sampler_checkpointed_between_epochs_follows_set_epoch():
     assert [b[0].tolist() for b in resumed] == expected
 
 
+@pytest.mark.parametrize("kwargs", LOADERS)
+def test_a_distributed_sampler_inside_a_batch_sampler_resumes_its_epoch(kwargs):
+    # The state keeps the epoch of the sampler with set_epoch wherever it sits,
+    # so resuming does not replay epoch 0's order (duplicating samples).
+    def make():
+        ds = fl.ArrayDataset(np.arange(16))
+        sampler = fl.DistributedSampler(ds, num_replicas=2, rank=0, seed=0)
+        return DataLoader(ds, batch_sampler=fl.BatchSampler(sampler, 2, False), **kwargs), sampler
+
+    loader, sampler = make()
+    sampler.set_epoch(2)
+    expected = firsts(loader)
+    loader, sampler = make()
+    sampler.set_epoch(2)
+    iterator = iter(loader)
+    head = [next(iterator)[0].tolist() for _ in range(2)]
+    state = loader.state_dict()
+    del iterator
+    assert state["sampler_epoch"] == 2
+    resumed, _ = make()  # set_epoch not called: the state says which epoch
+    resumed.load_state_dict(state)
+    assert head + firsts(resumed) == expected
+    assert sorted(sum(expected, [])) == sorted(set(sum(expected, [])))
+
+
 @pytest.mark.parametrize("change, field", [
     (dict(batch_size=2), "batch_size=7, this one has batch_size=2"),
     (dict(length=50), "dataset_length=20, this one has dataset_length=50"),
@@ -239,7 +264,20 @@ def _sampled(sampler):
     (lambda: _sampled(fl.SubsetRandomSampler(range(24), generator=0)),
      lambda: _sampled(fl.SubsetRandomSampler(range(12), generator=0)),
      "batch_sampler.sampler.length=24, this one has batch_sampler.sampler.length=12"),
-], ids=["batch size", "drop_last", "shuffle", "rank", "replacement", "subset"])
+    (lambda: _sampled(fl.SubsetRandomSampler(range(24), generator=0)),
+     lambda: _sampled(fl.SubsetRandomSampler(range(24, 48), generator=0)),
+     "batch_sampler.sampler.indices='<digest"),
+    (lambda: _sampled(fl.WeightedRandomSampler(np.ones(24), 24, generator=0)),
+     lambda: _sampled(fl.WeightedRandomSampler(np.arange(1.0, 25.0), 24, generator=0)),
+     "batch_sampler.sampler.weights='<digest"),
+    (lambda: _sampled(list(range(24))), lambda: _sampled(list(range(23, -1, -1))),
+     "batch_sampler.sampler.indices='<digest"),
+    (lambda: DataLoader(fl.ArrayDataset(np.arange(24)), batch_size=4, shuffle=True, generator=0),
+     lambda: _sampled(fl.RandomSampler(range(24), generator=0)),
+     r"seed_streams=\['generator', 'batch_sampler.sampler \(draws from generator\)'\], this "
+     r"one has seed_streams=\['generator', 'batch_sampler.sampler'\]"),
+], ids=["batch size", "drop_last", "shuffle", "rank", "replacement", "subset", "subset indices",
+        "weights", "index list", "a generator shared or not"])
 def test_a_state_from_samplers_built_otherwise_is_refused_when_loaded(make, other, field):
     # The samplers' own settings, not only their types: each of these would
     # have resumed into other batches, skipping or repeating samples.
