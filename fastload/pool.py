@@ -96,7 +96,89 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
         except ValueError:
             name = text = f"signal {-exitcode}"
         return f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})"
+    if exitcode is None:
+        # Reaped by someone else: SIGCHLD ignored, or a handler calling waitpid(-1).
+        return (f"DataLoader worker (pid {pid}) exited unexpectedly (its exit status was "
+                f"collected elsewhere: is SIGCHLD ignored, or reaped by a handler?)")
     return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
+
+
+def _send_frame(fd: int, data: bytes) -> None:
+    """``send_frame``, where a pipe whose worker has died fails with EPIPE
+    (``BrokenPipeError``) and never kills the main process.
+
+    Python ignores SIGPIPE, but a program may have restored its default
+    action (``signal(SIGPIPE, SIG_DFL)``, the idiom of tools piped into
+    ``head``), and a dead worker's task pipe has no reader left (torch's
+    queues keep one in the main process).  Then the signal is blocked over
+    the write, and one the write raised is taken back before it is unblocked.
+    """
+    if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:  # Python's default: no signal
+        send_frame(fd, data)
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    pending_before = signal.SIGPIPE in signal.sigpending()
+    try:
+        send_frame(fd, data)
+    except BrokenPipeError:
+        if not pending_before:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def running(process: Any) -> bool:
+    """Whether a worker has not exited (reaping it if it has).
+
+    ``is_alive()`` alone says True forever of a child that someone else
+    reaped (SIGCHLD set to SIG_IGN, a handler calling ``waitpid(-1)``:
+    multiprocessing takes the ECHILD for a child not started yet), so waits
+    would run to their deadline and a kill could hit a reused pid.  The
+    sentinel, a pipe whose other end only the worker holds, tells that case
+    apart without a wait.
+    """
+    try:
+        sentinel = process.sentinel
+    except ValueError:  # never started
+        return False
+    if not process.is_alive():  # reaps it if it has exited
+        return False
+    if not select.select([sentinel], [], [], 0)[0]:
+        return True
+    # Its descriptors are closed: it is exiting (its status comes a moment
+    # later), or its status was collected elsewhere.
+    try:
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+# Every pipe end of this process's pools: descriptor -> the pipe's inode.  A
+# forked worker inherits them all (the other workers' ends, the main
+# process's, other loaders'), and closes all but its own (``worker_loop``):
+# a worker holding the writing end of its own task pipe would never see it
+# closed, so one whose pool was lost without a word would wait for tasks
+# as long as the main process lives.
+_pipe_ends: dict[int, int] = {}
+
+
+def _track(*conns: Any) -> None:
+    for conn in conns:
+        _pipe_ends[conn.fileno()] = os.fstat(conn.fileno()).st_ino
+
+
+def _close(conn: Any) -> None:
+    """Close one of a pool's pipe ends, forgetting it first (its number is free after)."""
+    try:
+        _pipe_ends.pop(conn.fileno(), None)
+    except (OSError, ValueError):  # closed already
+        return
+    try:
+        conn.close()
+    except OSError:
+        pass
 
 
 class WorkerDied(RuntimeError):
@@ -156,6 +238,7 @@ class WorkerPool:
                 self._task_fds.append(task_writer.fileno())
                 self._readers.append(FrameReader(result_reader.fileno()))
                 self._child_ends.append((task_reader, result_writer))
+                _track(task_reader, task_writer, result_reader, result_writer)
                 capacities += [_enlarge_pipe(task_writer), _enlarge_pipe(result_writer)]
         except BaseException:
             self.shutdown()
@@ -193,26 +276,32 @@ class WorkerPool:
             gc.freeze()
         placement = WorkerPlacement(
             children_inherit_affinity=self.context.get_start_method() != "forkserver")
+        forks = self.context.get_start_method() == "fork"
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
+                own = (task_reader.fileno(), result_writer.fileno())
+                inherited_pipes = {fd: inode for fd, inode in _pipe_ends.items()
+                                   if fd not in own} if forks else {}
                 process = self.context.Process(
                     target=worker_loop,
                     args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
-                          parent_pid, ring_prefix, inherited_slots),
+                          parent_pid, ring_prefix, inherited_slots, inherited_pipes),
                     daemon=True,
                 )
+                # Listed before it starts: an exception raised while it starts
+                # (by a handler of the caller's signals) must not lose it.
+                self.processes.append(process)
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
                 with placement.starting(worker_id):
                     process.start()
-                self.processes.append(process)
                 self._pids.append(process.pid)
                 # See NOTE [ Why new workers are moved off the main process's CPU ].
                 placement.start_on_own_cpu(worker_id, process.pid)
                 self._release_held(worker_id)
                 # The worker's ends: EOF then means the worker is gone.
-                task_reader.close()
-                result_writer.close()
+                _close(task_reader)
+                _close(result_writer)
                 result_fd = self._result_conns[worker_id].fileno()
                 self._worker_of_fd[result_fd] = worker_id
                 self._process_of_fd[process.sentinel] = process
@@ -260,7 +349,7 @@ class WorkerPool:
     def _release_held(self, worker_id: int) -> None:
         held, self._held[worker_id] = self._held[worker_id], []
         for data in held:
-            send_frame(self._task_fds[worker_id], data)
+            _send_frame(self._task_fds[worker_id], data)
 
     def _send_bytes(self, worker_id: int, data: bytes) -> None:
         """Write a task; a worker that has gone (its pipe is closed) raises ``WorkerDied``."""
@@ -268,7 +357,7 @@ class WorkerPool:
             self._held[worker_id].append(data)
             return
         try:
-            send_frame(self._task_fds[worker_id], data)
+            _send_frame(self._task_fds[worker_id], data)
         except (BrokenPipeError, ConnectionResetError):
             # e.g. killed while idle between two epochs of persistent workers
             process = self.processes[worker_id]
@@ -380,30 +469,36 @@ class WorkerPool:
         # fork and teardown ]), not wherever the pool happens to be freed.
         with ctrl_c_held() as interrupted:
             self._closed = True
-            processes, self.processes = self.processes, []
-            self._process_of_fd.clear()
-            for conn, process in zip(self._task_conns, processes):
-                if process.is_alive():
-                    try:
-                        send_frame(conn.fileno(), STOP_MESSAGE)
-                    except OSError:
-                        pass  # it is exiting already
-            if wait:
-                _reap(processes, self.exit_grace, interrupted)
-            elif processes:
-                _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, processes))
-            _reap_exiting()
-            connections = self._task_conns + self._result_conns
-            connections += [conn for pair in self._child_ends for conn in pair]
-            self._task_conns, self._result_conns, self._child_ends = [], [], []
-            for conn in connections:
-                try:
-                    conn.close()
-                except OSError:
-                    pass
-            del connections, processes
-            for name in self._message_names:
-                unlink_name(name)  # a worker that died before reading it
+            processes = self.processes
+            left_exiting = False
+            try:
+                self._process_of_fd.clear()
+                for conn, process in zip(self._task_conns, processes):
+                    if running(process):
+                        try:
+                            _send_frame(conn.fileno(), STOP_MESSAGE)
+                        except OSError:
+                            pass  # it is exiting already
+                if wait:
+                    _reap(processes, self.exit_grace, interrupted)
+                elif processes:
+                    _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, processes))
+                    left_exiting = True
+                _reap_exiting()
+            finally:
+                # Also when a handler of the caller's signals raised in the
+                # middle: no worker may outlive its pool unwatched.
+                if not left_exiting:
+                    _stop(processes)
+                self.processes = []
+                connections = self._task_conns + self._result_conns
+                connections += [conn for pair in self._child_ends for conn in pair]
+                self._task_conns, self._result_conns, self._child_ends = [], [], []
+                for conn in connections:
+                    _close(conn)
+                del connections, processes
+                for name in self._message_names:
+                    unlink_name(name)  # a worker that died before reading it
 
 
 # Idle workers told to exit at the end of an epoch, not waited for:
@@ -424,7 +519,7 @@ def _reap_exiting() -> None:
     for owner, deadline, processes in _exiting:
         if owner != pid:
             continue  # inherited by a forked child: not its processes
-        alive = [p for p in processes if p.is_alive()]  # is_alive() reaps an exited one
+        alive = [p for p in processes if running(p)]  # reaps the exited ones
         if alive and now >= deadline:
             _stop(alive)  # their grace is over
         elif alive:
@@ -457,7 +552,7 @@ def _reap(processes: list, grace: float, interrupted: list) -> None:
     """
     deadline = time.monotonic() + grace
     for process in processes:
-        while not interrupted and process.is_alive() and time.monotonic() < deadline:
+        while not interrupted and running(process) and time.monotonic() < deadline:
             # In steps: the Ctrl-C only records itself (the wait runs held).
             process.join(timeout=min(_INTERRUPT_CHECK, max(0.0, deadline - time.monotonic())))
     _stop(processes)
@@ -472,6 +567,6 @@ def _stop(processes: list) -> None:
     ``worker._unlink_ring_when_terminated``), which would only slow this down.
     """
     for process in processes:
-        if process.is_alive():
+        if running(process):
             process.kill()
             process.join(timeout=1.0)

@@ -308,14 +308,18 @@ def _decode_task(data: bytes) -> Any:
 
 def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str,
-                inherited_slots: dict[int, Segment] | None = None) -> None:
+                inherited_slots: dict[int, Segment] | None = None,
+                inherited_pipes: dict[int, int] | None = None) -> None:
     """Entry point of a worker process (``payload`` is pickled bytes under spawn,
     see ``worker_payload``).
 
     ``ring_prefix`` names every segment of this iterator's ring: if the main
     process dies, the worker unlinks them on its way out.  ``inherited_slots``
     (fork only): slots whose mappings came with the fork (see ``SlotWriter``).
+    ``inherited_pipes`` (fork only): the pipe ends of the main process's pools
+    that came with the fork, descriptor -> inode, to close.
     """
+    _close_inherited_pipes(inherited_pipes or {})
     parent = ParentWatch(parent_pid)
     _unlink_ring_when_terminated(parent, ring_prefix)
     orphaned = True
@@ -336,6 +340,19 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             # so a segment one of them created late is not missed.
             unlink_prefixed(ring_prefix)
         parent.close()
+
+
+def _close_inherited_pipes(pipes: dict[int, int]) -> None:
+    """Close the pipe ends a fork brought that are not this worker's: then the
+    main process closing this worker's task pipe ends it (EOF), and the other
+    workers' pipes do not depend on this one's life.  A descriptor is closed
+    only if it still is that pipe (a number the caller's code reused stays)."""
+    for fd, inode in pipes.items():
+        try:
+            if os.fstat(fd).st_ino == inode:
+                os.close(fd)
+        except OSError:
+            pass
 
 
 # Signals that end a whole process group: ``kill -TERM -<pgid>``, GNU
@@ -362,10 +379,13 @@ def _unlink_ring_when_terminated(parent: ParentWatch, ring_prefix: str) -> None:
     that survives (the worker was signalled alone, or the main process
     handles the signal) reports the worker's death as torch's would.  A
     worker stuck in C code, where no Python handler runs, is killed after
-    ``_TERMINATION_DEADLINE`` instead (``_core.kill_after_handling``).  Only
-    signals left at their default action are taken over: an inherited
-    handler (or ``nohup``'s ignored SIGHUP) stays the caller's choice.  (The
-    main process stops its own workers with SIGKILL, never with these.)
+    ``_TERMINATION_DEADLINE`` instead (``_core.kill_after_handling``).
+    SIGTERM is always taken over, as torch's workers do: a handler the main
+    process set and a forked worker inherited (a graceful shutdown that
+    saves a checkpoint) must not run in every worker too.  SIGHUP only at
+    its default action: ``nohup``'s ignoring it, or a handler, stays the
+    caller's choice, as with torch.  (The main process stops its own workers
+    with SIGKILL, never with these; ``worker_init_fn`` may install its own.)
     """
     def unlink_then_die(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_DFL)
@@ -380,7 +400,7 @@ def _unlink_ring_when_terminated(parent: ParentWatch, ring_prefix: str) -> None:
         os.kill(os.getpid(), signum)
 
     for signum in _TERMINATING_SIGNALS:
-        if signal.getsignal(signum) == signal.SIG_DFL:
+        if signum == signal.SIGTERM or signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, unlink_then_die)
             # A worker stuck in C code never runs this handler: it is killed
             # once the handler had time to finish (see _termination.pxi).

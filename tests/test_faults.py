@@ -485,6 +485,180 @@ def test_persistent_worker_killed_between_epochs_raises_runtime_error(no_leaks):
     assert _prefix_entries(prefix) == []
 
 
+@pytest.mark.timeout(60)
+def test_a_dead_worker_does_not_kill_a_main_process_with_sigpipe_at_default(tmp_path, no_leaks):
+    # ``signal(SIGPIPE, SIG_DFL)``, the idiom of tools piped into ``head``:
+    # the next epoch's first task to a persistent worker killed in between
+    # finds no reader, and must raise torch's RuntimeError, not end the process.
+    script = _script(tmp_path, """
+        import os, signal, time
+        import fastload as fl
+        from datasets_for_workers import SquareDataset
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            loader = fl.DataLoader(SquareDataset(32, (2,)), batch_size=4, num_workers=2,
+                                   persistent_workers=True)
+            list(loader)
+            pid = loader._iterator.worker_pids[0]
+            os.kill(pid, signal.SIGKILL)
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+            try:
+                list(loader)
+            except RuntimeError as error:
+                print("RAISED", error, flush=True)
+            assert len(list(loader)) == 8  # new workers
+            print("SURVIVED", signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL,
+                  signal.SIGPIPE in signal.sigpending(), flush=True)
+        """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert "is killed by signal: Killed (SIGKILL)" in proc.stdout, proc.stdout
+    assert "SURVIVED True False" in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sigchld", ["ignored", "reaped by a handler"])
+def test_workers_reaped_by_someone_else_are_not_waited_for(tmp_path, no_leaks, sigchld):
+    # SIGCHLD set to SIG_IGN (the kernel reaps children at once) or a handler
+    # calling waitpid(-1): multiprocessing's is_alive() then stays True, and
+    # every teardown waited out the 5 s grace; a dead worker was reported only
+    # after it, with "exit code None".
+    script = _script(tmp_path, f"""
+        import os, signal, time
+        import fastload as fl
+        from datasets_for_workers import FaultyDataset, SquareDataset
+
+        def reap_all(signum, frame):
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN if {sigchld!r} == "ignored" else reap_all)
+            loader = fl.DataLoader(SquareDataset(400, (2,)), batch_size=4, num_workers=2)
+            start = time.monotonic()
+            it = iter(loader)
+            next(it)
+            del it                     # an epoch abandoned: busy workers stopped
+            assert len(list(loader)) == 100
+            del loader                 # its last epoch's workers waited for
+            print("TEARDOWN", time.monotonic() - start, flush=True)
+            start = time.monotonic()
+            try:
+                list(fl.DataLoader(FaultyDataset(400, bad=6, mode="exit"), batch_size=4,
+                                   num_workers=2))
+            except RuntimeError as error:
+                print("DEATH", time.monotonic() - start, error, flush=True)
+        """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    # The grace is 5 s; without waiting for it all of this takes well under 1.
+    assert float(lines["TEARDOWN"]) < 3.0, proc.stdout
+    seconds, message = lines["DEATH"].split(" ", 1)
+    assert float(seconds) < 3.0, proc.stdout
+    assert "exited unexpectedly" in message and "collected elsewhere" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_a_main_process_sigterm_handler_does_not_run_in_forked_workers(tmp_path, no_leaks):
+    # A graceful-shutdown handler (say, saving a checkpoint) that forked
+    # workers inherit must run once, in the main process: workers die of a
+    # SIGTERM sent to the group, as torch's, and the loop reports it.
+    log = tmp_path / "handler.log"
+    script = _script(tmp_path, f"""
+        import os, signal, time
+        import fastload as fl
+        from datasets_for_workers import SlowDataset
+
+        def on_sigterm(signum, frame):
+            with open({str(log)!r}, "a") as out:
+                out.write(f"{{os.getpid()}}\\n")
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGTERM, on_sigterm)
+            loader = fl.DataLoader(SlowDataset(400, delay=0.01, shape=(2,)), batch_size=4,
+                                   num_workers=2, multiprocessing_context="fork")
+            try:
+                for n, batch in enumerate(loader):
+                    if n == 2:
+                        os.killpg(0, signal.SIGTERM)
+                        time.sleep(0.5)
+            except RuntimeError as error:
+                print("RAISED", error, flush=True)
+            print("MAIN", os.getpid(), flush=True)
+        """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=50,
+                          start_new_session=True)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert "is killed by signal: Terminated (SIGTERM)" in proc.stdout, proc.stdout
+    main_pid = proc.stdout.split("MAIN ")[1].split()[0]
+    assert log.read_text().split() == [main_pid]
+
+
+class _RaisedByAHandler(Exception):
+    """What a caller's signal handler raises in the middle of fastload's code."""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["start", "shutdown"])
+def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worker(
+        monkeypatch, no_leaks, where):
+    # A SIGALRM timeout or a SIGCHLD handler that raises can interrupt the pool
+    # anywhere: right after a worker was forked, or while workers are told to
+    # stop.  None may be left running (no_leaks checks).
+    from fastload import cpu_placement, pool
+    from fastload.worker import STOP_MESSAGE
+
+    if where == "start":
+        real_starting = cpu_placement.WorkerPlacement.starting
+
+        @contextlib.contextmanager
+        def interrupted(self, worker_index):
+            with real_starting(self, worker_index):
+                yield
+            if worker_index == 1:  # worker 1 is forked: raised before start() returns
+                raise _RaisedByAHandler()
+
+        monkeypatch.setattr(cpu_placement.WorkerPlacement, "starting", interrupted)
+    else:
+        real_send = pool.send_frame
+
+        def interrupted(fd, data):
+            if data == STOP_MESSAGE:  # before any worker was told to stop
+                raise _RaisedByAHandler()
+            real_send(fd, data)
+
+        monkeypatch.setattr(pool, "send_frame", interrupted)
+    loader = fl.DataLoader(SquareDataset(400, (2,)), batch_size=4, num_workers=2)
+    with pytest.raises(_RaisedByAHandler):
+        iterator = iter(loader)
+        next(iterator)
+        iterator.shutdown()
+    monkeypatch.undo()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_exits_when_the_main_process_closes_its_task_pipe(no_leaks):
+    # Forked workers close the pipe ends they inherit that are not theirs, the
+    # writing end of their own task pipe among them: a pool lost without a
+    # word (its stop message never sent) still ends its workers.
+    loader = fl.DataLoader(SquareDataset(32, (2,)), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    assert len(list(loader)) == 8
+    iterator = loader._iterator
+    pids = iterator.worker_pids
+    for conn in iterator._pool._task_conns:
+        os.close(conn.fileno())  # behind the pool's back: no stop message
+    assert _wait_gone(pids, 10.0) == []
+    for conn in iterator._pool._task_conns:
+        conn._handle = None  # already closed
+    del loader, iterator
+
+
 def _children_among(pids: list[int]) -> list[int]:
     """Those of ``pids`` still this process's children: running, or exited and not reaped."""
     import psutil
