@@ -613,25 +613,33 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (bool, int, float, complex, np.bool_, np.number))
 
 
-# torch has uint16, uint32 and uint64 but few promotion rules for them: mixed
-# with anything but a float dtype, torch.stack and torch.tensor raise.
+# torch has uint16, uint32 and uint64 but few promotion rules for them: one
+# promoted with anything but itself or a float dtype raises.
 _UNPROMOTABLE = frozenset(np.dtype(name) for name in ("u2", "u4", "u8"))
 
 
 def torch_promote(dtypes: list) -> np.dtype:
     """The dtype torch gives when it stacks or tensorises values of ``dtypes``.
 
-    Raises ``RuntimeError``, as torch does, for uint16/32/64 mixed with
-    another dtype that is not a float.
+    Raises ``RuntimeError``, as torch does, where its promotion, folded over
+    the dtypes in order, meets uint16/32/64 and another dtype that is not a
+    float: (bool, float32, uint16) is float32, (bool, uint16, float32) fails.
     """
     # Byte order aside (a big-endian uint16 is uint16 to torch's rule).
     distinct = list(dict.fromkeys(d if d.isnative else d.newbyteorder("=") for d in dtypes))
-    if len(distinct) > 1 and _UNPROMOTABLE.intersection(distinct):
-        for wide in (d for d in distinct if d in _UNPROMOTABLE):
-            other = next((d for d in distinct if d != wide and d.kind != "f"), None)
-            if other is not None:
+    so_far = distinct[0]
+    for dtype in distinct[1:]:
+        for wide, other in ((so_far, dtype), (dtype, so_far)):
+            if wide in _UNPROMOTABLE and other.kind != "f":
                 raise RuntimeError(f"Promotion for uint16, uint32, uint64 types is not "
                                    f"supported, attempted to promote {wide} and {other}")
+        so_far = _promoted([so_far, dtype])
+    return _promoted(dtypes)
+
+
+def _promoted(dtypes: list) -> np.dtype:
+    """torch's promotion of ``dtypes`` where it has one (not for uint16/32/64
+    beside another integer: see ``torch_promote``)."""
     top = max(_CATEGORY.get(d.kind, 2) for d in dtypes)
     # A complex result keeps the floats' precision (complex64 with float64 is
     # complex128 in torch too); integers never widen a float or a complex.
@@ -810,7 +818,7 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
     again if a leaf turns out to need promotion (mixed dtypes), which changes
     the batch's size.
     """
-    samples = samples if isinstance(samples, list) else list(samples)
+    samples = samples if isinstance(samples, list) else _sample_list(samples)
     layout = plan_collate(samples)
     for path, expected in layout.length_checks:
         try:
@@ -842,6 +850,26 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
             else:
                 leaf.value = tuple(values) if leaf.as_tuple else values
     return layout, buffer
+
+
+def _sample_list(batch: Any) -> list:
+    """The samples of a batch given as another iterable than a list.
+
+    A mapping is not a sequence of samples, though iterating it gives its
+    keys: a ``__getitems__`` that returns a collated batch (a dict of columns)
+    fails as in torch, whose ``batch[0]`` raises KeyError, instead of
+    collating the keys.
+    """
+    if isinstance(batch, collections.abc.Mapping):
+        problem = (f"default_collate takes a sequence of samples, got a "
+                   f"{type(batch).__name__} (does __getitems__ return a collated batch?)")
+        try:
+            batch[0]  # torch's first step: KeyError for a mapping of columns
+        except KeyError as error:
+            error.add_note(problem)
+            raise
+        raise TypeError(problem)
+    return list(batch)
 
 
 def default_collate(batch: Sequence) -> Any:
@@ -1043,15 +1071,18 @@ _arrays_of_storages: dict = {}
 def _tensor_keeping(array: np.ndarray, torch: Any) -> Any:
     """``torch.from_numpy(array)``, keeping ``array`` while the tensor's storage lives
     (NOTE [ Tensors keep their slot ])."""
-    tensor = torch.from_numpy(_native_byte_order(array))
+    tensor = torch.from_numpy(_as_torch_can_share(array))
     _arrays_of_storages[weakref.ref(tensor.untyped_storage(), _arrays_of_storages.pop)] = array
     return tensor
 
 
-def _native_byte_order(array: np.ndarray) -> np.ndarray:
-    """``array``, or a copy in native byte order: torch has no big-endian tensors
-    (fastload collates big-endian arrays; ``output="torch"`` gives their values)."""
-    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+def _as_torch_can_share(array: np.ndarray) -> np.ndarray:
+    """``array``, or a copy torch can make a tensor of: torch has no big-endian
+    tensors and no negative strides (fastload collates big-endian arrays, and a
+    ``collate_fn`` may return a reversed view; ``output="torch"`` gives their values)."""
+    if not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
+    return array.copy() if any(stride < 0 for stride in array.strides) else array
 
 
 def to_torch(data: Any) -> Any:
@@ -1072,7 +1103,7 @@ def to_torch(data: Any) -> Any:
             return _tensor_keeping(value, torch)
         if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
             # Through a 0-d array: torch.as_tensor refuses an np.uint64 scalar.
-            return torch.as_tensor(_native_byte_order(np.asarray(value)))
+            return torch.as_tensor(_as_torch_can_share(np.asarray(value)))
         return value
 
     return _convert_containers(data, leaf, tuples_as_lists=False)

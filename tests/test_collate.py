@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import copy
+import itertools
 import types
 import weakref
 from typing import NamedTuple
@@ -857,6 +858,38 @@ def test_wide_unsigned_ints_refuse_promotion_as_torch(torch, batch):
     with pytest.raises(RuntimeError, match=r"Promotion for uint16, uint32, uint64 types is not "
                                            r"supported, attempted to promote u"):
         default_collate(batch)
+
+
+def test_wide_unsigned_int_promotion_folds_in_sample_order_as_torch(torch):
+    # torch folds its promotion over the samples in order: (bool, float32,
+    # uint16) is float32, (bool, uint16, float32) meets bool and uint16 and fails.
+    dtypes = ["bool", "int8", "uint8", "int64", "float16", "float32", "complex64", "uint16",
+              "uint32", "uint64"]
+    for combo in itertools.product(dtypes, repeat=3):
+        batch = [np.ones(2, dtype) for dtype in combo]
+        try:
+            expected = str(torch_collate(torch, batch).dtype).removeprefix("torch.")
+        except RuntimeError:
+            expected = "RuntimeError"
+        try:
+            got = str(default_collate(batch).dtype)
+        except RuntimeError:
+            got = "RuntimeError"
+        assert got == expected, combo
+
+
+@pytest.mark.parametrize("batch", [{"x": np.zeros((2, 3)), "y": np.arange(2)}, {0: 5, 1: 6}],
+                         ids=["columns", "int keys"])
+def test_a_mapping_as_the_batch_is_not_collated_as_its_keys(torch, batch):
+    # A __getitems__ returning a collated batch (a dict of columns) hands
+    # default_collate a mapping: torch fails at its batch[0]; iterating it
+    # would have collated the keys.
+    with pytest.raises((KeyError, RuntimeError)):
+        torch_collate(torch, batch)
+    with pytest.raises((KeyError, TypeError)) as info:
+        default_collate(batch)
+    assert "takes a sequence of samples, got a dict" in "".join(
+        [str(info.value), *getattr(info.value, "__notes__", [])])
 
 
 @pytest.mark.parametrize("batch", [[np.False_, np.int64(5)], [5, np.True_]], ids=repr)

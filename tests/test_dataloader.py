@@ -207,6 +207,14 @@ def test_output_torch_takes_big_endian_arrays_and_uint64_scalars(torch, num_work
     assert custom[0][0].dtype == torch.uint64
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_torch_takes_a_reversed_view_from_collate_fn(torch, num_workers):
+    # torch has no negative strides; a collate_fn may return a reversed view.
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=num_workers, output="torch",
+                        collate_fn=lambda batch: np.asarray(batch, dtype=np.float64)[::-1])
+    assert [batch.tolist() for batch in loader] == [[1.0, 0.0], [3.0, 2.0]]
+
+
 def test_seeded_shuffle_is_reproducible_and_differs_by_epoch_and_seed():
     ds = fl.ArrayDataset(np.arange(100))
     loader = DataLoader(ds, batch_size=10, shuffle=True, generator=7)
