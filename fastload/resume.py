@@ -124,8 +124,13 @@ def _sampled_digest(values: Any) -> str | None:
     millions of indices at every ``state_dict()``.  None if they cannot be read
     as numbers."""
     try:
-        count = len(values)
-        picks = [values[i] for i in range(0, count, max(1, count // _DIGEST_PICKS))]
+        step = max(1, len(values) // _DIGEST_PICKS)
+        if isinstance(values, (list, tuple, range)):
+            picks = values[::step]
+        elif hasattr(values, "__array__"):  # numpy arrays, torch tensors: no copy
+            picks = np.asarray(values)[::step]
+        else:
+            picks = [values[i] for i in range(0, len(values), step)]
         sample = np.asarray(picks, dtype=np.float64)
     except Exception:  # a caller's sequence we cannot index or turn into numbers
         return None
