@@ -108,11 +108,18 @@ _CONTENTS = ("indices", "weights")
 
 def _sampler_contents(sampler: Any) -> list[tuple[str, Any]]:
     """What a sampler draws from besides its settings: a subset's indices, the
-    weights, or the sampler itself when it is a plain sequence of indices."""
+    weights, or the sampler itself when it is a plain sequence of indices.
+
+    Only for fastload's and torch's samplers, whose ``indices`` and ``weights``
+    are what they were built with: a caller's sampler may rebuild such an
+    attribute every epoch.
+    """
     if isinstance(sampler, (list, tuple, range, np.ndarray)):
         return [("indices", sampler)]
-    return [(name, getattr(sampler, name)) for name in _CONTENTS
-            if getattr(sampler, name, None) is not None]
+    if type(sampler).__module__ not in ("fastload.sampler", "torch.utils.data.sampler"):
+        return []
+    contents = [(name, getattr(sampler, name, None)) for name in _CONTENTS]
+    return [(name, values) for name, values in contents if values is not None]
 
 
 _DIGEST_PICKS = 1024
@@ -152,10 +159,13 @@ def _differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
                 if old.get("type") != new.get("type"):
                     found.append((place, old.get("type"), new.get("type")))
                     continue
-                # A readable setting first; a digest of the contents only if they alone differ.
+                # A readable setting first; a digest of the contents only if
+                # they alone differ, and if the state has one (states saved
+                # before digests were kept have none).
                 names = sorted(set(old) | set(new), key=lambda n: (n in _CONTENTS, n))
                 found += [(f"{place}.{name}", old.get(name), new.get(name))
-                          for name in names if old.get(name) != new.get(name)]
+                          for name in names if old.get(name) != new.get(name)
+                          and (name in old or name not in _CONTENTS)]
         else:
             found.append((key, recorded[key], value))
     return found
@@ -282,11 +292,17 @@ def sampler_places(loader: Any) -> list[tuple[str, Any]]:
 
 def epoch_sampler(loader: Any) -> Any:
     """The sampler whose ``set_epoch`` shapes the epoch (a DistributedSampler,
-    also inside a batch sampler), or None: a state records its epoch."""
-    for sampler in sampler_chain(loader):
-        if callable(getattr(sampler, "set_epoch", None)):
+    also inside a batch sampler), or None: a state records its epoch.
+
+    The first with an ``epoch`` to record too (a batch sampler of the
+    caller's may only pass ``set_epoch`` on to the sampler it wraps).
+    """
+    with_set_epoch = [sampler for sampler in sampler_chain(loader)
+                      if callable(getattr(sampler, "set_epoch", None))]
+    for sampler in with_set_epoch:
+        if hasattr(sampler, "epoch"):
             return sampler
-    return None
+    return with_set_epoch[0] if with_set_epoch else None
 
 
 def seed_streams(loader: Any) -> list[tuple[str, Any]]:

@@ -213,6 +213,71 @@ def test_a_distributed_sampler_inside_a_batch_sampler_resumes_its_epoch(kwargs):
     assert sorted(sum(expected, [])) == sorted(set(sum(expected, [])))
 
 
+def test_a_batch_sampler_that_passes_set_epoch_on_records_its_samplers_epoch():
+    class PassesSetEpoch(fl.BatchSampler):
+        def set_epoch(self, epoch):
+            self.sampler.set_epoch(epoch)
+
+    def make():
+        ds = fl.ArrayDataset(np.arange(16))
+        sampler = PassesSetEpoch(fl.DistributedSampler(ds, num_replicas=2, rank=0, seed=0), 2,
+                                 False)
+        return DataLoader(ds, batch_sampler=sampler), sampler
+
+    loader, sampler = make()
+    sampler.set_epoch(3)
+    expected = firsts(loader)
+    loader, sampler = make()
+    sampler.set_epoch(3)
+    iterator = iter(loader)
+    head = [next(iterator)[0].tolist()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a caller's batch sampler: its order is not saved
+        state = loader.state_dict()
+    assert state["sampler_epoch"] == 3
+    resumed, _ = make()
+    resumed.load_state_dict(state)
+    assert head + firsts(resumed) == expected
+
+
+def test_a_state_without_digests_of_sampler_contents_still_loads():
+    # States saved before the samplers' indices and weights were digested.
+    make = lambda: _sampled(fl.SubsetRandomSampler(range(3, 20), generator=0))  # noqa: E731
+    expected = uninterrupted(make, epochs=1)
+    loader = make()
+    iterator = iter(loader)
+    head = [next(iterator)[0].tolist()]
+    state = loader.state_dict()
+    del state["loader"]["samplers"]["batch_sampler.sampler"]["indices"]
+    del state["loader"]["seed_streams"]
+    assert [head + resume_from(make, state, epochs=1)[0]] == expected
+
+
+def test_a_callers_sampler_that_rebuilds_its_indices_each_epoch_resumes():
+    # Only fastload's and torch's samplers have their contents compared: a
+    # caller's may keep the epoch's order in an attribute named indices.
+    class EpochOrder(fl.Sampler):
+        def __init__(self):
+            self.indices = list(range(12))
+
+        def __len__(self):
+            return 12
+
+        def __iter__(self):
+            self.indices = self.indices[1:] + self.indices[:1]
+            return iter(self.indices)
+
+    make = lambda: _sampled(EpochOrder())  # noqa: E731
+    expected = uninterrupted(make, epochs=1)
+    loader = make()
+    iterator = iter(loader)
+    head = [next(iterator)[0].tolist()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = loader.state_dict()
+    assert [head + resume_from(make, state, epochs=1)[0]] == expected
+
+
 @pytest.mark.parametrize("change, field", [
     (dict(batch_size=2), "batch_size=7, this one has batch_size=2"),
     (dict(length=50), "dataset_length=20, this one has dataset_length=50"),
