@@ -753,6 +753,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
             raise RuntimeError(f"default_collate: {where}: shape {tuple(bad.shape)} != "
                                f"{leaf.shape[1:]} of {first}; stacked arrays must all have "
                                f"the same shape")
+        _refuse_unpromotable(values, leaf.path)
         # Mixed dtypes, or numbers and sequences beside the arrays: torch makes a
         # tensor of every value and stacks them, promoting; so do we (its rules).
         dtypes = []
@@ -767,6 +768,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
         leaf.dtype = _promote_at(leaf, dtypes)
         leaf.kind = _CAST_ARRAY
         return False
+    _refuse_unpromotable(values, leaf.path)
     # Promotion makes one tensor of them all, as torch.tensor(batch) does: every
     # value must be a number (a 0-d array counts), not only the one that differed.
     wrong = next((i for i, value in enumerate(values) if not _is_number(value)), None)
@@ -794,6 +796,17 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     leaf.dtype = dtype
     leaf.kind = _CAST_SCALARS
     return False
+
+
+def _refuse_unpromotable(values: list, path: tuple) -> None:
+    """TypeError naming the first numpy value whose dtype torch cannot hold
+    (datetimes, timedeltas): a batch of one such dtype is stacked as it is,
+    but promotion goes through torch's rules, which have none for it."""
+    for i, value in enumerate(values):
+        if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind not in "biufcSUO":
+            raise TypeError(f"default_collate: {format_path(path, i)} has dtype {value.dtype}, "
+                            f"which cannot be promoted with the others (torch cannot convert "
+                            f"numpy.{value.dtype.type.__name__})")
 
 
 def _promote_at(leaf: ArraySlot, dtypes: list) -> np.dtype:

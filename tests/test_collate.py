@@ -878,6 +878,18 @@ def test_wide_unsigned_int_promotion_folds_in_sample_order_as_torch(torch):
         assert got == expected, combo
 
 
+@pytest.mark.parametrize("batch", [[np.timedelta64(5, "s"), np.int64(3)],
+                                   [np.array(np.timedelta64(5, "s")), np.array(True)],
+                                   [np.zeros(2, "M8[s]"), np.zeros(2, "f4")]],
+                         ids=["scalars", "0-d arrays", "arrays"])
+def test_a_timedelta_or_datetime_beside_other_dtypes_is_torchs_type_error(torch, batch):
+    with pytest.raises(TypeError):
+        torch_collate(torch, batch)
+    with pytest.raises(TypeError, match=r"batch\[0\] has dtype (timedelta64|datetime64)\[s\], "
+                                        r"which cannot be promoted"):
+        default_collate(batch)
+
+
 @pytest.mark.parametrize("batch", [{"x": np.zeros((2, 3)), "y": np.arange(2)}, {0: 5, 1: 6}],
                          ids=["columns", "int keys"])
 def test_a_mapping_as_the_batch_is_not_collated_as_its_keys(torch, batch):
