@@ -618,17 +618,21 @@ def _is_number(value: Any) -> bool:
 _UNPROMOTABLE = frozenset(np.dtype(name) for name in ("u2", "u4", "u8"))
 
 
-def torch_promote(dtypes: list) -> np.dtype:
-    """The dtype torch gives when it stacks or tensorises values of ``dtypes``.
+def torch_promote(dtypes: list, tensorised: bool = False) -> np.dtype:
+    """The dtype torch gives when it stacks (or, ``tensorised``, makes one
+    tensor of: ``torch.as_tensor(batch)``) values of ``dtypes``.
 
     Raises ``RuntimeError``, as torch does, where its promotion, folded over
     the dtypes in order, meets uint16/32/64 and another dtype that is not a
     float: (bool, float32, uint16) is float32, (bool, uint16, float32) fails.
+    Making one tensor, torch stops looking once the fold reaches complex128.
     """
     # Byte order aside (a big-endian uint16 is uint16 to torch's rule).
     distinct = list(dict.fromkeys(d if d.isnative else d.newbyteorder("=") for d in dtypes))
     so_far = distinct[0]
     for dtype in distinct[1:]:
+        if tensorised and so_far == np.complex128:
+            break
         for wide, other in ((so_far, dtype), (dtype, so_far)):
             if wide in _UNPROMOTABLE and other.kind != "f":
                 raise RuntimeError(f"Promotion for uint16, uint32, uint64 types is not "
@@ -788,7 +792,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
                             f"complex, but {first} is a float: a batch of floats cannot hold "
                             f"it (torch.tensor(batch, dtype=torch.float64))")
     else:
-        dtype = _promote_at(leaf, [_as_tensor_dtype(value) for value in values])
+        dtype = _promote_at(leaf, [_as_tensor_dtype(value) for value in values], tensorised=True)
     if code == _core.COPY_OVERFLOW and dtype.kind in "biu":
         # Past int64 only matters when the batch stays integer: beside a float
         # torch makes float32 of it all.
@@ -809,10 +813,10 @@ def _refuse_unpromotable(values: list, path: tuple) -> None:
                             f"numpy.{value.dtype.type.__name__})")
 
 
-def _promote_at(leaf: ArraySlot, dtypes: list) -> np.dtype:
+def _promote_at(leaf: ArraySlot, dtypes: list, tensorised: bool = False) -> np.dtype:
     """``torch_promote`` for one leaf, its refusal naming the leaf."""
     try:
-        return torch_promote(dtypes)
+        return torch_promote(dtypes, tensorised)
     except RuntimeError as exc:
         raise RuntimeError(f"default_collate: {format_path(leaf.path)}: {exc}") from None
 

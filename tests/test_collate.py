@@ -878,6 +878,28 @@ def test_wide_unsigned_int_promotion_folds_in_sample_order_as_torch(torch):
         assert got == expected, combo
 
 
+def test_numpy_scalar_promotion_stops_at_complex128_as_torch(torch):
+    # A batch of numbers is one torch.as_tensor(batch), whose dtype inference
+    # stops once it reaches complex128: a later uint16 is not refused.
+    dtypes = ["int8", "int64", "float32", "complex64", "complex128", "uint16", "uint64"]
+    compared = 0
+    for combo in itertools.product(dtypes, repeat=3):
+        batch = [np.ones((), dtype)[()] for dtype in combo]
+        try:
+            expected = str(torch_collate(torch, batch).dtype).removeprefix("torch.")
+        except RuntimeError:
+            expected = "RuntimeError"
+        except TypeError:  # torch refuses np.uint64 scalars; fastload takes them
+            continue
+        try:
+            got = str(default_collate(batch).dtype)
+        except RuntimeError:
+            got = "RuntimeError"
+        assert got == expected, combo
+        compared += 1
+    assert compared > 200
+
+
 @pytest.mark.parametrize("batch", [[np.timedelta64(5, "s"), np.int64(3)],
                                    [np.array(np.timedelta64(5, "s")), np.array(True)],
                                    [np.zeros(2, "M8[s]"), np.zeros(2, "f4")]],
