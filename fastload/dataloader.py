@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, NoReturn
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import is_iterable_dataset
 from fastload.fetch import BatchSource
-from fastload.interrupts import ctrl_c_deferred
+from fastload.interrupts import signals_deferred
 from fastload.layout_wire import LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
@@ -531,8 +531,10 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
     if os.getpid() != owner_pid:
         return
     # This often runs as a finalizer, where CPython would print and drop a
-    # KeyboardInterrupt: a Ctrl-C during the teardown is sent again after it.
-    with ctrl_c_deferred():
+    # KeyboardInterrupt: a Ctrl-C, or any signal the caller handles, that
+    # arrives during the teardown is sent again after it (NOTE [ Every handler
+    # held over teardown ]).
+    with signals_deferred():
         try:
             # Waits for the workers, bounded (at a finished epoch's end they
             # were already told to exit, and left to: see _end_epoch).

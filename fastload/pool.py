@@ -49,7 +49,7 @@ import numpy as np
 
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
-from fastload.interrupts import ctrl_c_deferred, ctrl_c_held
+from fastload.interrupts import ctrl_c_held, signals_deferred, signals_held
 from fastload.ring import Segment, unlink_name
 from fastload.worker import STOP_MESSAGE, worker_loop
 
@@ -472,7 +472,7 @@ class WorkerPool:
         # The pipes and the processes of reaped workers have Python finalizers:
         # they are dropped here, with Ctrl-C held (see NOTE [ Ctrl-C held over
         # fork and teardown ]), not wherever the pool happens to be freed.
-        with ctrl_c_held() as interrupted:
+        with signals_held() as interrupted:
             self._closed = True
             processes = self.processes
             left_exiting = False
@@ -540,7 +540,7 @@ def join_exiting_workers() -> None:
     workers must not outlive it, not even as exited, unreaped processes.  A
     Ctrl-C ends the wait, and is sent again once this has returned.
     """
-    with ctrl_c_deferred() as interrupted:
+    with signals_deferred() as interrupted:
         pid = os.getpid()
         for owner, deadline, processes in list(_exiting):
             if owner == pid:

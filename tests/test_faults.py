@@ -642,6 +642,47 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
 
 
 @pytest.mark.timeout(60)
+def test_a_callers_raising_handler_waits_for_the_teardown_to_end(monkeypatch, no_leaks):
+    # A handler that raises (a SIGALRM timeout, a SIGCHLD handler: workers exit
+    # during teardown), signalled twice inside a teardown: once while the busy
+    # workers are stopped, once while the ring is unlinked.  Cut short there,
+    # a worker that survived made a slot's segment after the names were
+    # unlinked.  The signals are handled once the teardown is over.
+    from fastload import pool
+    from fastload.ring import Ring
+
+    class Raised(Exception):
+        pass
+
+    def raising(signum, frame):
+        raise Raised()
+
+    def signalled_before(real):
+        def call(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGUSR1)  # its handler runs at the next check
+            return real(*args, **kwargs)
+        return call
+
+    previous = signal.signal(signal.SIGUSR1, raising)
+    try:
+        monkeypatch.setattr(pool, "_stop", signalled_before(pool._stop))
+        monkeypatch.setattr(Ring, "close", signalled_before(Ring.close))
+        loader = fl.DataLoader(SlowDataset(64, delay=0.05, shape=(2,)), batch_size=2,
+                               num_workers=2)
+        iterator = iter(loader)
+        next(iterator)
+        pids, prefix = iterator.worker_pids, iterator._ring.prefix
+        with pytest.raises(Raised):
+            del iterator   # torn down as a finalizer; the signal comes again after
+            time.sleep(5)  # where the handler raises, in the caller's code
+        assert _wait_gone(pids, 5.0) == []
+        assert _prefix_entries(prefix) == []
+        assert signal.getsignal(signal.SIGUSR1) is raising
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.timeout(60)
 def test_a_worker_exits_when_the_main_process_closes_its_task_pipe(no_leaks):
     # Forked workers close the pipe ends they inherit that are not theirs, the
     # writing end of their own task pipe among them: a pool lost without a

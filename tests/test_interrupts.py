@@ -1,0 +1,61 @@
+"""``fastload.interrupts``: signals the caller handles are held over teardown and
+handled once it is over, each once, Ctrl-C last; waits in the block see Ctrl-C only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from fastload.interrupts import signals_deferred, signals_held
+
+
+@pytest.fixture
+def handlers():
+    """SIGUSR1 and SIGUSR2 handlers that log their calls; the previous ones put back."""
+    calls: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: calls.append(signum))
+                for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    yield calls
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def test_signals_held_are_handled_once_each_after_the_block(handlers):
+    with signals_held() as ctrl_c:
+        for signum in (signal.SIGUSR2, signal.SIGUSR1, signal.SIGUSR2):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.01)  # handled (recorded) here
+        assert handlers == [] and ctrl_c == []  # a wait in the block sees Ctrl-Cs only
+    assert handlers == [signal.SIGUSR2, signal.SIGUSR1]
+    assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL
+
+
+def test_a_ctrl_c_held_is_raised_after_the_other_signals(handlers):
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held() as ctrl_c:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.01)
+            assert len(ctrl_c) == 1 and handlers == []
+    assert handlers == [signal.SIGUSR1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_signals_deferred_are_sent_again_after_the_block(handlers):
+    with signals_deferred():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        assert handlers == []
+    deadline = time.monotonic() + 5
+    while not handlers and time.monotonic() < deadline:
+        time.sleep(0.01)  # the signal comes again from another thread
+    assert handlers == [signal.SIGUSR1]
+
+
+def test_handlers_at_their_default_are_left_alone():
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    with signals_held():
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
