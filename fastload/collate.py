@@ -627,10 +627,13 @@ def torch_promote(dtypes: list, tensorised: bool = False) -> np.dtype:
     float: (bool, float32, uint16) is float32, (bool, uint16, float32) fails.
     Making one tensor, torch stops looking once the fold reaches complex128.
     """
-    # Byte order aside (a big-endian uint16 is uint16 to torch's rule).
-    distinct = list(dict.fromkeys(d if d.isnative else d.newbyteorder("=") for d in dtypes))
-    so_far = distinct[0]
-    for dtype in distinct[1:]:
+    # Byte order aside (a big-endian uint16 is uint16 to torch's rule).  In
+    # order, as torch folds: a dtype met again later may meet another result.
+    native = [d if d.isnative else d.newbyteorder("=") for d in dtypes]
+    so_far = native[0]
+    for dtype in native[1:]:
+        if dtype == so_far:
+            continue
         if tensorised and so_far == np.complex128:
             break
         for wide, other in ((so_far, dtype), (dtype, so_far)):

@@ -18,6 +18,9 @@ __all__ = ["ctrl_c_held", "signals_held", "signals_deferred"]
 
 _CATCHABLE = tuple(int(s) for s in signal.valid_signals()
                    if s not in (signal.SIGKILL, signal.SIGSTOP))
+# Those a thread may block for a moment: not the ones a fault raises in it.
+_BLOCKABLE = tuple(s for s in _CATCHABLE if s not in (signal.SIGSEGV, signal.SIGBUS,
+                                                     signal.SIGFPE, signal.SIGILL))
 
 
 @contextlib.contextmanager
@@ -81,12 +84,18 @@ def signals_held() -> Iterator[list]:
     """
     with _recorded(_CATCHABLE) as (ctrl_c, others):
         yield ctrl_c
-    try:
-        for signum, frame in others.values():
+    # Every one is handled even if a handler raises (as CPython runs each
+    # pending signal's): the first exception, or Ctrl-C's, comes after.
+    raised = None
+    for signum, frame in others.values():
+        try:
             signal.getsignal(signum)(signum, frame)
-    finally:
-        if ctrl_c:
-            signal.getsignal(signal.SIGINT)(*ctrl_c[0])
+        except BaseException as error:
+            raised = raised or error
+    if ctrl_c:
+        signal.getsignal(signal.SIGINT)(*ctrl_c[0])
+    if raised is not None:
+        raise raised
 
 
 @contextlib.contextmanager
@@ -153,5 +162,31 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
             signal.signal(signum, record)
         yield ctrl_c, others
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        _restore(previous)
+
+
+def _restore(handlers: dict) -> None:
+    """Put ``handlers`` back, all of them.
+
+    A handler already put back may raise as the next one is (a Ctrl-C): the
+    rest would keep recording, and their signals be lost for good.  The
+    signals are blocked meanwhile, and the restoring goes on after such an
+    exception, which comes after.
+    """
+    if not handlers:
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE)
+    left = list(handlers.items())
+    raised = None
+    try:
+        while left:
+            try:
+                while left:
+                    signal.signal(*left[0])
+                    del left[0]
+            except BaseException as error:
+                raised = raised or error
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if raised is not None:
+        raise raised

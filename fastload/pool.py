@@ -160,18 +160,19 @@ def running(process: Any) -> bool:
     return True
 
 
-# Every pipe end of this process's pools: descriptor -> the pipe's inode.  A
-# forked worker inherits them all (the other workers' ends, the main
-# process's, other loaders'), and closes all but its own (``worker_loop``):
-# a worker holding the writing end of its own task pipe would never see it
-# closed, so one whose pool was lost without a word would wait for tasks
-# as long as the main process lives.
-_pipe_ends: dict[int, int] = {}
+# Every pipe end of this process's pools: descriptor -> the pipe's (device,
+# inode).  A forked worker inherits them all (the other workers' ends, the
+# main process's, other loaders'), and lets go of all but its own
+# (``worker_loop``): a worker holding the writing end of its own task pipe
+# would never see it closed, so one whose pool was lost without a word would
+# wait for tasks as long as the main process lives.
+_pipe_ends: dict[int, tuple[int, int]] = {}
 
 
 def _track(*conns: Any) -> None:
     for conn in conns:
-        _pipe_ends[conn.fileno()] = os.fstat(conn.fileno()).st_ino
+        status = os.fstat(conn.fileno())
+        _pipe_ends[conn.fileno()] = (status.st_dev, status.st_ino)
 
 
 def _close(conn: Any) -> None:
@@ -285,7 +286,7 @@ class WorkerPool:
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
                 own = (task_reader.fileno(), result_writer.fileno())
-                inherited_pipes = {fd: inode for fd, inode in _pipe_ends.items()
+                inherited_pipes = {fd: pipe for fd, pipe in _pipe_ends.items()
                                    if fd not in own} if forks else {}
                 process = self.context.Process(
                     target=worker_loop,

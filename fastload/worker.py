@@ -37,6 +37,7 @@ import platform
 import random
 import select
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -317,7 +318,7 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     process dies, the worker unlinks them on its way out.  ``inherited_slots``
     (fork only): slots whose mappings came with the fork (see ``SlotWriter``).
     ``inherited_pipes`` (fork only): the pipe ends of the main process's pools
-    that came with the fork, descriptor -> inode, to close.
+    that came with the fork, descriptor -> (device, inode), to let go of.
     """
     _close_inherited_pipes(inherited_pipes or {})
     parent = ParentWatch(parent_pid)
@@ -342,17 +343,30 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         parent.close()
 
 
-def _close_inherited_pipes(pipes: dict[int, int]) -> None:
-    """Close the pipe ends a fork brought that are not this worker's: then the
-    main process closing this worker's task pipe ends it (EOF), and the other
-    workers' pipes do not depend on this one's life.  A descriptor is closed
-    only if it still is that pipe (a number the caller's code reused stays)."""
-    for fd, inode in pipes.items():
-        try:
-            if os.fstat(fd).st_ino == inode:
-                os.close(fd)
-        except OSError:
-            pass
+def _close_inherited_pipes(pipes: dict[int, tuple[int, int]]) -> None:
+    """Let go of the pipe ends a fork brought that are not this worker's: then
+    the main process closing this worker's task pipe ends it (EOF), and the
+    other workers' pipes do not depend on this one's life.
+
+    Each descriptor is pointed at /dev/null rather than closed: the
+    ``Connection`` that owns it may live on in this process (a dataset that
+    holds another loader's iterator) and close its number when dropped,
+    which must not close whatever reused that number.  Only a descriptor
+    that still is that pipe (device, inode) is touched.
+    """
+    if not pipes:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd, pipe in pipes.items():
+            try:
+                status = os.fstat(fd)
+                if stat.S_ISFIFO(status.st_mode) and (status.st_dev, status.st_ino) == pipe:
+                    os.dup2(null, fd, inheritable=False)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
 
 
 # Signals that end a whole process group: ``kill -TERM -<pgid>``, GNU

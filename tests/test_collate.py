@@ -912,6 +912,23 @@ def test_a_timedelta_or_datetime_beside_other_dtypes_is_torchs_type_error(torch,
         default_collate(batch)
 
 
+@pytest.mark.parametrize("dtypes", [["u2", "f4", "c8", "u2"], ["u2", "f4", "c8"],
+                                    ["b1", "f4", "u2", "b1"]], ids="-".join)
+def test_a_dtype_met_again_meets_the_promotion_so_far_as_torch(torch, dtypes):
+    # uint16 beside float32 is float32, but met again after a complex64 it
+    # meets complex64, which torch refuses.
+    batch = [np.ones(2, dtype) for dtype in dtypes]
+    try:
+        expected = str(torch_collate(torch, batch).dtype).removeprefix("torch.")
+    except RuntimeError:
+        expected = "RuntimeError"
+    try:
+        got = str(default_collate(batch).dtype)
+    except RuntimeError:
+        got = "RuntimeError"
+    assert got == expected
+
+
 @pytest.mark.parametrize("batch", [{"x": np.zeros((2, 3)), "y": np.arange(2)}, {0: 5, 1: 6}],
                          ids=["columns", "int keys"])
 def test_a_mapping_as_the_batch_is_not_collated_as_its_keys(torch, batch):

@@ -24,13 +24,54 @@ def handlers():
 
 
 def test_signals_held_are_handled_once_each_after_the_block(handlers):
+    installed = signal.getsignal(signal.SIGUSR1)
     with signals_held() as ctrl_c:
         for signum in (signal.SIGUSR2, signal.SIGUSR1, signal.SIGUSR2):
             os.kill(os.getpid(), signum)
             time.sleep(0.01)  # handled (recorded) here
         assert handlers == [] and ctrl_c == []  # a wait in the block sees Ctrl-Cs only
     assert handlers == [signal.SIGUSR2, signal.SIGUSR1]
-    assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) is installed
+
+
+def test_a_held_handler_that_raises_does_not_drop_the_others():
+    calls = []
+
+    def raising(signum, frame):
+        raise LookupError("from the caller's handler")
+
+    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, raising),
+                signal.SIGUSR2: signal.signal(signal.SIGUSR2, lambda s, f: calls.append(s))}
+    try:
+        with pytest.raises(LookupError):
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGUSR2)
+                time.sleep(0.01)
+        assert calls == [signal.SIGUSR2]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def test_every_handler_is_put_back_though_a_handler_raises_meanwhile(handlers, monkeypatch):
+    # An exception from a handler already put back (a Ctrl-C) while the next
+    # ones are: those must not keep recording for good.
+    installed = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    real_signal, restores = signal.signal, []
+
+    def interrupted_once(signum, handler):
+        real_signal(signum, handler)
+        if handler is installed.get(signum):
+            restores.append(signum)
+            if len(restores) == 1:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            monkeypatch.setattr(signal, "signal", interrupted_once)
+    monkeypatch.undo()
+    assert {s: signal.getsignal(s) for s in installed} == installed
 
 
 def test_a_ctrl_c_held_is_raised_after_the_other_signals(handlers):
