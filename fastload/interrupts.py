@@ -127,7 +127,10 @@ def signals_deferred() -> Iterator[list]:
         yield ctrl_c
     again = [*others, *([signal.SIGINT] if ctrl_c else [])]
     if again:
-        _thread.start_new_thread(_send_to_main_thread, (again,))
+        try:
+            _thread.start_new_thread(_send_to_main_thread, (again,))
+        except RuntimeError:  # the interpreter is exiting (3.12+ starts no thread then)
+            pass
 
 
 def _send_to_main_thread(signums: list) -> None:
