@@ -34,7 +34,7 @@ from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import is_iterable_dataset
 from fastload.fetch import BatchSource
 from fastload.interrupts import signals_deferred
-from fastload.layout_wire import LayoutReceiver
+from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
@@ -736,6 +736,8 @@ class _MultiProcessIter(_BaseIter):
                 exc.add_note(f"raised in the main process while unpickling batch {batch_no} "
                              f"from worker {worker}")
                 kind, payload = "error", _ArrivalError(exc)
+                if isinstance(exc, LayoutLost):
+                    self._pool.send(worker, RESEND_LAYOUTS)
             reply = (kind, batch_no, slot_id, created, payload)
         if kind == "init_error":
             self.shutdown()

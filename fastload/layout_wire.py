@@ -101,6 +101,19 @@ def _unpickle_values(data: bytes) -> list:
     return values
 
 
+class LayoutLost(RuntimeError):
+    """A batch refers to a layout whose arrival an exception interrupted (one a
+    signal handler of the caller's raised, say): the worker must send its
+    layouts again (``RESEND_LAYOUTS``)."""
+
+
+# Told to a worker whose layout was lost: it numbers its layouts afresh and so
+# sends each again with its next use.  Batches it made before reading this
+# still refer to the old numbers; those the main process has stay valid,
+# since a worker's answers arrive in the order it sends them.
+RESEND_LAYOUTS = ("resend_layouts",)
+
+
 class LayoutReceiver:
     """The main process's side, for one worker: ``(layout, values)`` from what it sent."""
 
@@ -110,7 +123,12 @@ class LayoutReceiver:
     def decode(self, wire: tuple[int, bytes | None, bytes | None]) -> tuple[BatchLayout, list | None]:
         layout_id, structure, values_bytes = wire
         if structure is None:
-            layout = self._layouts[layout_id]
+            layout = self._layouts.get(layout_id)
+            if layout is None:
+                raise LayoutLost(f"the batch's layout (number {layout_id}), which the worker "
+                                 f"sent with an earlier batch, was lost in the main process: "
+                                 f"an exception interrupted its arrival; the worker sends it "
+                                 f"again with its next batches")
         else:
             # Kept before the values are unpickled: the worker sends this
             # layout once, so a batch whose values fail to unpickle here must

@@ -13,6 +13,8 @@ pipe; array bytes never travel through either (they go into ring slots):
   per worker, then by number: see ``layout_wire``), or ``"init_error"``
   when the worker could not start (``worker_init_fn``, unpickling);
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
+* ``("resend_layouts",)``: the main process lost a layout; number them afresh
+  (``layout_wire.RESEND_LAYOUTS``);
 * ``("indirect", name, size)``: the real message waits in shared memory;
 * ``None``: exit, without making the batches still queued (torch's workers
   skip them too, once told to stop), so stopping never waits for more than
@@ -49,7 +51,7 @@ import numpy as np
 from fastload import _core
 from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
-from fastload.layout_wire import LayoutSender
+from fastload.layout_wire import RESEND_LAYOUTS, LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 from fastload.worker_payload import PickledPayload
 
@@ -574,6 +576,9 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             continue
         if kind == "retire":
             writer.forget(message[1], message[2])
+            continue
+        if kind == RESEND_LAYOUTS[0]:
+            layouts = LayoutSender()
             continue
         _, batch_no, slot, packed, indices = message
         slot_info = SlotInfo(*slot)

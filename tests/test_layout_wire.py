@@ -187,3 +187,44 @@ def test_loader_string_fields_match_torch(torch, num_workers):
         assert [type(part) for part in mine["pair"]] == [type(part) for part in yours["pair"]]
         assert [list(part) for part in mine["pair"]] == [list(part) for part in yours["pair"]]
         assert mine["id"].tolist() == yours["id"].tolist()
+
+
+class _Named(fl.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return {"x": np.full(2, i, np.float32), "name": f"s{i}"}
+
+
+@pytest.mark.timeout(60)
+def test_a_layout_lost_in_the_main_process_is_sent_again(monkeypatch):
+    # An exception (one a signal handler of the caller's raised) interrupts the
+    # arrival of a worker's first layout: the batches that refer to it fail,
+    # and the worker is told to send its layouts again; before, every later
+    # batch of that worker failed with KeyError, in every epoch.
+    real_decode = LayoutReceiver.decode
+    dropped = []
+
+    def interrupted_once(self, wire):
+        if wire[1] is not None and not dropped:
+            dropped.append(wire[0])
+            raise TimeoutError("raised by a signal handler")
+        return real_decode(self, wire)
+
+    monkeypatch.setattr(LayoutReceiver, "decode", interrupted_once)
+    loader = DataLoader(_Named(), batch_size=4, num_workers=2, persistent_workers=True)
+    outcomes = []
+    iterator = iter(loader)
+    for k in range(len(loader)):
+        try:
+            outcomes.append(next(iterator)["name"])
+        except (TimeoutError, RuntimeError) as error:
+            outcomes.append(type(error).__name__)
+    assert outcomes[0] == "TimeoutError"
+    failed = [k for k, outcome in enumerate(outcomes) if not isinstance(outcome, list)]
+    assert len(failed) <= 3, outcomes  # the batches made before the worker heard
+    assert all(outcomes[k] == [f"s{i}" for i in range(4 * k, 4 * k + 4)]
+               for k in range(len(outcomes)) if k not in failed)
+    second = [batch["name"] for batch in loader]  # the same workers, next epoch
+    assert second == [[f"s{i}" for i in range(k, k + 4)] for k in range(0, 32, 4)]
