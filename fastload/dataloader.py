@@ -20,6 +20,7 @@ skips the index batches already yielded (no data is fetched for them).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import math
@@ -38,7 +39,7 @@ from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots
+from fastload.ring import Ring, SpareSlots, unlink_prefixed
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload.worker_payload import pickle_for_workers
@@ -541,6 +542,30 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
             pool.shutdown()
         finally:
             ring.close([slot for _, slot in tasks.values()])
+    _teardowns_due.pop(ring, None)
+
+
+# Iterators' teardowns not yet run to their end: ring -> (owner pid, its
+# finalizer, the pool).  A handler of the caller's that raises the moment a
+# finalizer starts, before ``signals_deferred`` holds the signals, ends the
+# teardown there, and a finalizer runs once: the next iterator, or the
+# interpreter's exit, finishes it (a helper's fuzzing, with a timer raising
+# every 0.1 ms, left segments in /dev/shm after the process).
+_teardowns_due: dict[Ring, tuple[int, Any, WorkerPool]] = {}
+
+
+def _finish_cut_short_teardowns() -> None:
+    for ring, (owner_pid, finalizer, pool) in list(_teardowns_due.items()):
+        if owner_pid == os.getpid() and not finalizer.alive:
+            _teardowns_due.pop(ring, None)
+            with signals_deferred():
+                try:
+                    pool.shutdown()
+                finally:
+                    unlink_prefixed(ring.prefix)
+
+
+atexit.register(_finish_cut_short_teardowns)
 
 
 def _checked_prefetch_factor(prefetch_factor: Any) -> int:
@@ -609,8 +634,10 @@ class _MultiProcessIter(_BaseIter):
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
         if not self._persistent:
             loader._reap_workers_when_gone()
+        _finish_cut_short_teardowns()
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, os.getpid(), self._pool,
                                            self._ring, self._tasks)
+        _teardowns_due[self._ring] = (os.getpid(), self._finalizer, self._pool)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)

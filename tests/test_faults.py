@@ -720,6 +720,65 @@ def test_a_callers_raising_handler_waits_for_the_teardown_to_end(monkeypatch, no
 
 
 @pytest.mark.timeout(60)
+def test_a_teardown_cut_short_as_it_begins_is_finished_by_the_next_iterator(monkeypatch,
+                                                                            no_leaks):
+    # A handler of the caller's that raises the moment the teardown finalizer
+    # starts, before it holds the signals, ends the teardown there; a
+    # finalizer runs once, so the workers and the ring were left behind.
+    from fastload import dataloader
+
+    class Raised(Exception):
+        pass
+
+    def cut_short(*args):
+        raise Raised()
+
+    loader = fl.DataLoader(SquareDataset(64, (2,)), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    with monkeypatch.context() as patched:
+        patched.setattr(dataloader, "_release_workers_and_ring", cut_short)
+        iterator = iter(loader)
+    next(iterator)
+    pids, prefix = iterator.worker_pids, iterator._ring.prefix
+    with pytest.raises(Raised):
+        iterator.shutdown()
+    assert _prefix_entries(prefix) and all(is_alive(p) for p in pids)
+    del iterator, loader
+    again = fl.DataLoader(SquareDataset(8, (2,)), batch_size=4, num_workers=1)
+    assert len(list(again)) == 2
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_teardown_cut_short_is_finished_at_exit(tmp_path, no_leaks):
+    script = _script(tmp_path, """
+        import fastload as fl
+        from fastload import dataloader
+        from datasets_for_workers import SquareDataset
+
+        def cut_short(*args):
+            raise TimeoutError("raised by a signal handler")
+
+        if __name__ == "__main__":
+            dataloader._release_workers_and_ring = cut_short
+            iterator = iter(fl.DataLoader(SquareDataset(64, (2,)), batch_size=4, num_workers=2))
+            next(iterator)
+            print("PIDS", *iterator.worker_pids, flush=True)
+            print("PREFIX", iterator._ring.prefix, flush=True)
+            try:
+                iterator.shutdown()
+            except TimeoutError:
+                print("CUT SHORT", flush=True)
+        """)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=50)
+    assert "CUT SHORT" in proc.stdout, (proc.stdout, proc.stderr)
+    pids = [int(p) for p in proc.stdout.split("PIDS ")[1].split("\n")[0].split()]
+    prefix = proc.stdout.split("PREFIX ")[1].split()[0]
+    _assert_workers_and_segments_go(pids, [prefix], "the process that exited")
+
+
+@pytest.mark.timeout(60)
 def test_a_worker_exits_when_the_main_process_closes_its_task_pipe(no_leaks):
     # Forked workers close the pipe ends they inherit that are not theirs, the
     # writing end of their own task pipe among them: a pool lost without a
