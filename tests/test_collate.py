@@ -867,15 +867,16 @@ def test_wide_unsigned_int_promotion_folds_in_sample_order_as_torch(torch):
               "uint32", "uint64"]
     for combo in itertools.product(dtypes, repeat=3):
         batch = [np.ones(2, dtype) for dtype in combo]
-        try:
-            expected = str(torch_collate(torch, batch).dtype).removeprefix("torch.")
-        except RuntimeError:
-            expected = "RuntimeError"
-        try:
-            got = str(default_collate(batch).dtype)
-        except RuntimeError:
-            got = "RuntimeError"
-        assert got == expected, combo
+        assert _dtype_or_refusal(default_collate, batch) == \
+            _dtype_or_refusal(lambda b: torch_collate(torch, b), batch), combo
+
+
+def _dtype_or_refusal(collate, batch) -> str:
+    """The batch's dtype (torch's without its prefix), or "RuntimeError" if refused so."""
+    try:
+        return str(collate(batch).dtype).removeprefix("torch.")
+    except RuntimeError:
+        return "RuntimeError"
 
 
 def test_numpy_scalar_promotion_stops_at_complex128_as_torch(torch):
@@ -886,16 +887,10 @@ def test_numpy_scalar_promotion_stops_at_complex128_as_torch(torch):
     for combo in itertools.product(dtypes, repeat=3):
         batch = [np.ones((), dtype)[()] for dtype in combo]
         try:
-            expected = str(torch_collate(torch, batch).dtype).removeprefix("torch.")
-        except RuntimeError:
-            expected = "RuntimeError"
+            expected = _dtype_or_refusal(lambda b: torch_collate(torch, b), batch)
         except TypeError:  # torch refuses np.uint64 scalars; fastload takes them
             continue
-        try:
-            got = str(default_collate(batch).dtype)
-        except RuntimeError:
-            got = "RuntimeError"
-        assert got == expected, combo
+        assert _dtype_or_refusal(default_collate, batch) == expected, combo
         compared += 1
     assert compared > 200
 
@@ -918,15 +913,8 @@ def test_a_dtype_met_again_meets_the_promotion_so_far_as_torch(torch, dtypes):
     # uint16 beside float32 is float32, but met again after a complex64 it
     # meets complex64, which torch refuses.
     batch = [np.ones(2, dtype) for dtype in dtypes]
-    try:
-        expected = str(torch_collate(torch, batch).dtype).removeprefix("torch.")
-    except RuntimeError:
-        expected = "RuntimeError"
-    try:
-        got = str(default_collate(batch).dtype)
-    except RuntimeError:
-        got = "RuntimeError"
-    assert got == expected
+    assert _dtype_or_refusal(default_collate, batch) == \
+        _dtype_or_refusal(lambda b: torch_collate(torch, b), batch)
 
 
 @pytest.mark.parametrize("batch", [{"x": np.zeros((2, 3)), "y": np.arange(2)}, {0: 5, 1: 6}],

@@ -780,9 +780,9 @@ def test_a_teardown_cut_short_is_finished_at_exit(tmp_path, no_leaks):
 
 @pytest.mark.timeout(60)
 def test_a_worker_exits_when_the_main_process_closes_its_task_pipe(no_leaks):
-    # Forked workers close the pipe ends they inherit that are not theirs, the
-    # writing end of their own task pipe among them: a pool lost without a
-    # word (its stop message never sent) still ends its workers.
+    # Forked workers let go of the pipe ends they inherit that are not theirs,
+    # the writing end of their own task pipe among them: a pool lost without
+    # a word (its stop message never sent) still ends its workers.
     loader = fl.DataLoader(SquareDataset(32, (2,)), batch_size=4, num_workers=2,
                            persistent_workers=True)
     assert len(list(loader)) == 8

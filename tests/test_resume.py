@@ -188,6 +188,28 @@ def test_a_distributed_sampler_checkpointed_between_epochs_follows_set_epoch():
     assert [b[0].tolist() for b in resumed] == expected
 
 
+def _resumes_the_epoch_set(make, epoch: int, taken: int) -> list:
+    """``make()`` gives a loader and the sampler its epoch is set on: a state
+    taken after ``taken`` batches of epoch ``epoch`` resumes that epoch in a
+    new loader whose ``set_epoch`` nobody called.  Returns the epoch's batches."""
+    loader, sampler = make()
+    sampler.set_epoch(epoch)
+    expected = firsts(loader)
+    loader, sampler = make()
+    sampler.set_epoch(epoch)
+    iterator = iter(loader)
+    head = [next(iterator)[0].tolist() for _ in range(taken)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a caller's batch sampler: its order is not saved
+        state = loader.state_dict()
+    del iterator
+    assert state["sampler_epoch"] == epoch
+    resumed, _ = make()
+    resumed.load_state_dict(state)
+    assert head + firsts(resumed) == expected
+    return expected
+
+
 @pytest.mark.parametrize("kwargs", LOADERS)
 def test_a_distributed_sampler_inside_a_batch_sampler_resumes_its_epoch(kwargs):
     # The state keeps the epoch of the sampler with set_epoch wherever it sits,
@@ -197,19 +219,7 @@ def test_a_distributed_sampler_inside_a_batch_sampler_resumes_its_epoch(kwargs):
         sampler = fl.DistributedSampler(ds, num_replicas=2, rank=0, seed=0)
         return DataLoader(ds, batch_sampler=fl.BatchSampler(sampler, 2, False), **kwargs), sampler
 
-    loader, sampler = make()
-    sampler.set_epoch(2)
-    expected = firsts(loader)
-    loader, sampler = make()
-    sampler.set_epoch(2)
-    iterator = iter(loader)
-    head = [next(iterator)[0].tolist() for _ in range(2)]
-    state = loader.state_dict()
-    del iterator
-    assert state["sampler_epoch"] == 2
-    resumed, _ = make()  # set_epoch not called: the state says which epoch
-    resumed.load_state_dict(state)
-    assert head + firsts(resumed) == expected
+    expected = _resumes_the_epoch_set(make, epoch=2, taken=2)
     assert sorted(sum(expected, [])) == sorted(set(sum(expected, [])))
 
 
@@ -224,20 +234,7 @@ def test_a_batch_sampler_that_passes_set_epoch_on_records_its_samplers_epoch():
                                  False)
         return DataLoader(ds, batch_sampler=sampler), sampler
 
-    loader, sampler = make()
-    sampler.set_epoch(3)
-    expected = firsts(loader)
-    loader, sampler = make()
-    sampler.set_epoch(3)
-    iterator = iter(loader)
-    head = [next(iterator)[0].tolist()]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a caller's batch sampler: its order is not saved
-        state = loader.state_dict()
-    assert state["sampler_epoch"] == 3
-    resumed, _ = make()
-    resumed.load_state_dict(state)
-    assert head + firsts(resumed) == expected
+    _resumes_the_epoch_set(make, epoch=3, taken=1)
 
 
 def test_a_state_without_digests_of_sampler_contents_still_loads():
