@@ -1,7 +1,7 @@
 """Signals held over code where a handler's exception would be lost or do harm.
 
 The worker pool forks and tears down inside these blocks; see NOTE [ Ctrl-C
-held over fork and teardown ] at ``ctrl_c_held`` and NOTE [ Every handler
+held over fork and teardown ] at ``signals_held`` and NOTE [ Every handler
 held over teardown ] at ``signals_deferred``.
 """
 
@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Any, Iterator
 
-__all__ = ["ctrl_c_held", "signals_held", "signals_deferred"]
+__all__ = ["signals_held", "signals_deferred", "restore_callers_handlers"]
 
 _CATCHABLE = tuple(int(s) for s in signal.valid_signals()
                    if s not in (signal.SIGKILL, signal.SIGSTOP))
@@ -24,11 +24,13 @@ _BLOCKABLE = tuple(s for s in _CATCHABLE if s not in (signal.SIGSEGV, signal.SIG
 
 
 @contextlib.contextmanager
-def ctrl_c_held() -> Iterator[list]:
-    """Hold a Ctrl-C that arrives inside the block; deliver it when the block ends.
+def signals_held() -> Iterator[list]:
+    """Hold every signal with a Python handler that arrives inside the block
+    (Ctrl-C first of all); handle each once the block ends (as a pending
+    signal: once however often it came), SIGINT last.
 
-    Yields the list the Ctrl-Cs are recorded in, so that a wait in the block
-    can end at one.
+    Yields the Ctrl-Cs recorded only: a wait in the block ends at one, not at
+    the SIGCHLD of a worker exiting.
 
     NOTE [ Ctrl-C held over fork and teardown ]
     CPython drops an exception raised inside an at-fork hook, a ``__del__``
@@ -46,11 +48,10 @@ def ctrl_c_held() -> Iterator[list]:
       for one), in the parent and in the child.
     * A worker's pipes and its ``Process`` run Python finalizers when they
       are dropped.
-    So the pool forks inside this block, and drops what it owned at shutdown
-    inside ``signals_held`` (which holds every signal with a Python handler):
-    the main thread's SIGINT handler only records the signal, and the
+    So the pool forks, and drops what it owned at shutdown, inside this
+    block: the main thread's SIGINT handler only records the signal, and the
     handler that was in place gets it once the block is left.  A forked
-    worker inherits the recording handler until it ignores SIGINT, so a
+    worker keeps the recording handler until it ignores SIGINT, so a
     Ctrl-C cannot raise in its start-up either.  (Leases need no such block:
     see NOTE [ Leases ] in ring.py.)  Since then none is lost or printed in
     600 (300 with new workers, 300 with persistent ones).  Only the
@@ -65,22 +66,12 @@ def ctrl_c_held() -> Iterator[list]:
     and dropped, and left segments behind; in 250 Ctrl-Cs at random instants
     into a loop of short epochs (a helper's storm script, not in the
     repository), none is lost now, no segment and no process is left.
-    """
-    with _recorded((int(signal.SIGINT),)) as (ctrl_c, _):
-        yield ctrl_c
-    if ctrl_c:
-        signal.getsignal(signal.SIGINT)(*ctrl_c[0])
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[list]:
-    """``ctrl_c_held`` for every signal with a Python handler: each signal
-    that arrives in the block is handled once the block ends (as a pending
-    signal, once however often it came), SIGINT last.
-
-    Yields the Ctrl-Cs recorded only: a wait in the block ends at one, not at
-    the SIGCHLD of a worker exiting.  For teardown only, never around a fork:
-    a forked child would keep the recording handlers (see ``signals_deferred``).
+    Every signal with a Python handler, not only SIGINT: a handler of the
+    caller's that raises (a SIGALRM timeout, a SIGCHLD handler) could cut a
+    fork or a teardown short just as well, and one not held here could even
+    land as the block ends, before its handlers are put back, leaving a
+    recording handler in place of the caller's for good.  A forked worker
+    puts the caller's handlers back first thing (``restore_callers_handlers``).
     """
     with _recorded(_CATCHABLE) as (ctrl_c, others):
         yield ctrl_c
@@ -120,8 +111,7 @@ def signals_deferred() -> Iterator[list]:
     slot's segment after the names were unlinked, left in /dev/shm after the
     process (a helper's fuzzing, 7 of 30 trials with a 2 ms timer raising).
     Swapping a handler is one system call, made only for the signals that
-    have a Python handler (usually SIGINT alone).  Never around a fork: the
-    child would keep the recording handlers in place of the caller's.
+    have a Python handler (usually SIGINT alone).
     """
     with _recorded(_CATCHABLE) as (ctrl_c, others):
         yield ctrl_c
@@ -160,12 +150,33 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
     # _signal.getsignal: signal.getsignal makes an enum of each answer.
     previous = {signum: handler for signum in signums
                 if callable(handler := _signal.getsignal(signum))}
+    _holding.append(previous)
     try:
         for signum in previous:
             signal.signal(signum, record)
         yield ctrl_c, others
     finally:
+        _holding.remove(previous)
         _restore(previous)
+
+
+# The handlers each block in progress replaced, outermost first.
+_holding: list[dict] = []
+
+
+def restore_callers_handlers() -> None:
+    """In a forked worker, first thing: put back the handlers the blocks in
+    progress in the main process had replaced with recording ones when it
+    forked (the outermost block's are the caller's), as a forked child
+    inherits the caller's handlers from torch's loader too; but SIGINT's."""
+    callers: dict = {}
+    for previous in _holding:
+        for signum, handler in previous.items():
+            callers.setdefault(signum, handler)
+    _holding.clear()
+    callers.pop(signal.SIGINT, None)  # workers ignore Ctrl-C (the main process decides)
+    for signum, handler in callers.items():
+        signal.signal(signum, handler)
 
 
 def _restore(handlers: dict) -> None:

@@ -49,7 +49,7 @@ import numpy as np
 
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
-from fastload.interrupts import ctrl_c_held, signals_deferred, signals_held
+from fastload.interrupts import signals_deferred, signals_held
 from fastload.ring import Segment, unlink_name
 from fastload.worker import STOP_MESSAGE, worker_loop
 
@@ -259,7 +259,7 @@ class WorkerPool:
         # workers' pipe ends (on return: they are its locals too), all of
         # which run Python code where a Ctrl-C would be lost (NOTE [ Ctrl-C
         # held over fork and teardown ]).
-        with ctrl_c_held():
+        with signals_held():
             self._start_workers()
 
     def _start_workers(self) -> None:

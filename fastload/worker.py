@@ -51,6 +51,7 @@ import numpy as np
 from fastload import _core
 from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
+from fastload.interrupts import restore_callers_handlers
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 from fastload.worker_payload import PickledPayload
@@ -322,6 +323,7 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     ``inherited_pipes`` (fork only): the pipe ends of the main process's pools
     that came with the fork, descriptor -> (device, inode), to let go of.
     """
+    restore_callers_handlers()  # before the SIGTERM/SIGHUP take-over looks at them
     _close_inherited_pipes(inherited_pipes or {})
     parent = ParentWatch(parent_pid)
     _unlink_ring_when_terminated(parent, ring_prefix)

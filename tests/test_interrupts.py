@@ -100,3 +100,32 @@ def test_handlers_at_their_default_are_left_alone():
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
     with signals_held():
         assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+def callers_usr1(signum, frame):
+    pass
+
+
+class _HandlerNames:
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return [getattr(signal.getsignal(s), "__name__", str(signal.getsignal(s)))
+                for s in (signal.SIGUSR1, signal.SIGINT)]
+
+
+@pytest.mark.timeout(60)
+def test_forked_workers_have_the_callers_handlers_not_the_recording_ones():
+    # Workers are forked inside signals_held, which records every Python-handled
+    # signal: a worker puts the caller's handlers back first thing (as torch's
+    # workers inherit them), but ignores Ctrl-C.
+    import fastload as fl
+
+    previous = signal.signal(signal.SIGUSR1, callers_usr1)
+    try:
+        loader = fl.DataLoader(_HandlerNames(), batch_size=None, num_workers=2,
+                               multiprocessing_context="fork")
+        assert list(loader) == [["callers_usr1", str(int(signal.SIG_IGN))]] * 2
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
