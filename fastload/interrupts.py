@@ -153,7 +153,7 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
     _holding.append(previous)
     try:
         for signum in previous:
-            signal.signal(signum, record)
+            _signal.signal(signum, record)
         yield ctrl_c, others
     finally:
         _holding.remove(previous)
@@ -189,18 +189,19 @@ def _restore(handlers: dict) -> None:
     """
     if not handlers:
         return
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE)
+    # _signal's functions: signal's make enums of their answers (60 us for a mask).
+    mask = _signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE)
     left = list(handlers.items())
     raised = None
     try:
         while left:
             try:
                 while left:
-                    signal.signal(*left[0])
+                    _signal.signal(*left[0])
                     del left[0]
             except BaseException as error:
                 raised = raised or error
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if raised is not None:
         raise raised

@@ -104,7 +104,8 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
     return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
 
 
-# signal.getsignal turns its answer into an enum: 0.3 microseconds a task.
+# signal's functions turn their answers into enums (signal.getsignal: 0.3
+# microseconds a task); _signal's do not.
 _SIGPIPE, _SIG_IGN = int(signal.SIGPIPE), int(signal.SIG_IGN)
 
 
@@ -121,16 +122,16 @@ def _send_frame(fd: int, data: bytes) -> None:
     if _signal.getsignal(_SIGPIPE) == _SIG_IGN:  # Python's default: no signal
         send_frame(fd, data)
         return
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
-    pending_before = signal.SIGPIPE in signal.sigpending()
+    mask = _signal.pthread_sigmask(signal.SIG_BLOCK, {_SIGPIPE})
+    pending_before = _SIGPIPE in _signal.sigpending()
     try:
         send_frame(fd, data)
     except BrokenPipeError:
         if not pending_before:
-            signal.sigtimedwait({signal.SIGPIPE}, 0)
+            _signal.sigtimedwait({_SIGPIPE}, 0)
         raise
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def running(process: Any) -> bool:

@@ -57,20 +57,28 @@ def test_a_held_handler_that_raises_does_not_drop_the_others():
 def test_every_handler_is_put_back_though_a_handler_raises_meanwhile(handlers, monkeypatch):
     # An exception from a handler already put back (a Ctrl-C) while the next
     # ones are: those must not keep recording for good.
+    import _signal
+    import types
+
+    from fastload import interrupts
+
     installed = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
-    real_signal, restores = signal.signal, []
+    restores = []
 
     def interrupted_once(signum, handler):
-        real_signal(signum, handler)
+        _signal.signal(signum, handler)
         if handler is installed.get(signum):
             restores.append(signum)
             if len(restores) == 1:
                 raise KeyboardInterrupt
 
+    patched = types.SimpleNamespace(getsignal=_signal.getsignal, signal=interrupted_once,
+                                    pthread_sigmask=_signal.pthread_sigmask)
     with pytest.raises(KeyboardInterrupt):
         with signals_held():
-            monkeypatch.setattr(signal, "signal", interrupted_once)
+            monkeypatch.setattr(interrupts, "_signal", patched)
     monkeypatch.undo()
+    assert set(restores) == set(installed)  # the one interrupted is put back again
     assert {s: signal.getsignal(s) for s in installed} == installed
 
 
