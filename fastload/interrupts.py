@@ -156,7 +156,7 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
             _signal.signal(signum, record)
         yield ctrl_c, others
     finally:
-        _holding.remove(previous)
+        _holding[:] = [held for held in _holding if held is not previous]
         _restore(previous)
 
 
