@@ -771,11 +771,11 @@ def test_a_teardown_cut_short_is_finished_at_exit(tmp_path, no_leaks):
             except TimeoutError:
                 print("CUT SHORT", flush=True)
         """)
-    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=50)
-    assert "CUT SHORT" in proc.stdout, (proc.stdout, proc.stderr)
-    pids = [int(p) for p in proc.stdout.split("PIDS ")[1].split("\n")[0].split()]
-    prefix = proc.stdout.split("PREFIX ")[1].split()[0]
-    _assert_workers_and_segments_go(pids, [prefix], "the process that exited")
+    with _running(script) as proc:
+        pids, prefixes = _read_workers(proc)
+        _read_marker(proc, "CUT SHORT")
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    _assert_workers_and_segments_go(pids, prefixes, "the process that exited")
 
 
 @pytest.mark.timeout(60)
