@@ -42,6 +42,7 @@ from fastload.resume import EpochProgress, check_state, epoch_sampler, make_stat
 from fastload.ring import Ring, SpareSlots, unlink_prefixed
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from fastload.weak_registry import WeakRegistry
 from fastload.worker_payload import pickle_for_workers
 
 __all__ = ["DataLoader"]
@@ -601,10 +602,37 @@ class _ArrivalError:
             del exception  # see ExceptionWrapper.reraise: no cycle through this frame
 
 
+# Every worker-backed iterator of this process, for the fork hook below.
+_worker_iterators = WeakRegistry()
+
+
+def _disown_inherited_iterators() -> None:
+    """In a forked child: the iterators it inherited are its parent's.
+
+    Their workers answer the parent: a child that asked them for batches
+    took the parent's answers (and the parent then waited forever for them),
+    as a child of torch's loader does.  So the copy is closed: ``next()`` on
+    it raises, and a persistent loader's ``iter()`` starts workers of the
+    child's own.  Its teardown, when dropped, leaves the parent's workers and
+    segments alone (``_release_workers_and_ring``).
+    """
+    for iterator in _worker_iterators.live():
+        iterator.closed = True
+        iterator.inherited_from = iterator.owner_pid
+    _worker_iterators.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_inherited_iterators)
+
+
 class _MultiProcessIter(_BaseIter):
     """Batches made by worker processes into ring slots, handed out in order."""
 
     _DELIVER_DEPTH = 3  # __next__, _next, _deliver
+    # The process whose workers these are, in a child that inherited this
+    # iterator by fork (``_disown_inherited_iterators``).
+    inherited_from: int | None = None
 
     def __init__(self, loader: DataLoader, resume: dict | None = None) -> None:
         self._prefetch = _checked_prefetch_factor(loader.prefetch_factor)
@@ -635,9 +663,11 @@ class _MultiProcessIter(_BaseIter):
         if not self._persistent:
             loader._reap_workers_when_gone()
         _finish_cut_short_teardowns()
-        self._finalizer = weakref.finalize(self, _release_workers_and_ring, os.getpid(), self._pool,
-                                           self._ring, self._tasks)
-        _teardowns_due[self._ring] = (os.getpid(), self._finalizer, self._pool)
+        self.owner_pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _release_workers_and_ring, self.owner_pid,
+                                           self._pool, self._ring, self._tasks)
+        _teardowns_due[self._ring] = (self.owner_pid, self._finalizer, self._pool)
+        _worker_iterators.add(self)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
@@ -794,6 +824,11 @@ class _MultiProcessIter(_BaseIter):
 
     def _next(self) -> Any:
         if self.closed or self.epoch_finished:
+            if self.inherited_from is not None:
+                raise RuntimeError(
+                    f"this DataLoader iterator came with a fork from process "
+                    f"{self.inherited_from}, whose workers serve that process only; "
+                    f"call iter() on the loader in this process to start workers of its own")
             raise StopIteration
         while True:
             ready = self._take_ready()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import _signal
 import gc
+import multiprocessing.process
 import os
 import pickle
 import select
@@ -47,10 +48,12 @@ from typing import Any
 
 import numpy as np
 
+from fastload import pipe_ends
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
 from fastload.interrupts import signals_deferred, signals_held
-from fastload.ring import Segment, unlink_name
+from fastload.ring import Segment, forking_workers, unlink_name
+from fastload.weak_registry import WeakRegistry
 from fastload.worker import STOP_MESSAGE, worker_loop
 
 try:
@@ -161,33 +164,6 @@ def running(process: Any) -> bool:
     return True
 
 
-# Every pipe end of this process's pools: descriptor -> the pipe's (device,
-# inode).  A forked worker inherits them all (the other workers' ends, the
-# main process's, other loaders'), and lets go of all but its own
-# (``worker_loop``): a worker holding the writing end of its own task pipe
-# would never see it closed, so one whose pool was lost without a word would
-# wait for tasks as long as the main process lives.
-_pipe_ends: dict[int, tuple[int, int]] = {}
-
-
-def _track(*conns: Any) -> None:
-    for conn in conns:
-        status = os.fstat(conn.fileno())
-        _pipe_ends[conn.fileno()] = (status.st_dev, status.st_ino)
-
-
-def _close(conn: Any) -> None:
-    """Close one of a pool's pipe ends, forgetting it first (its number is free after)."""
-    try:
-        _pipe_ends.pop(conn.fileno(), None)
-    except (OSError, ValueError):  # closed already
-        return
-    try:
-        conn.close()
-    except OSError:
-        pass
-
-
 class WorkerDied(RuntimeError):
     """A worker process ended without being asked to."""
 
@@ -245,7 +221,7 @@ class WorkerPool:
                 self._task_fds.append(task_writer.fileno())
                 self._readers.append(FrameReader(result_reader.fileno()))
                 self._child_ends.append((task_reader, result_writer))
-                _track(task_reader, task_writer, result_reader, result_writer)
+                pipe_ends.track(task_reader, task_writer, result_reader, result_writer)
                 capacities += [_enlarge_pipe(task_writer), _enlarge_pipe(result_writer)]
         except BaseException:
             self.shutdown()
@@ -283,32 +259,29 @@ class WorkerPool:
             gc.freeze()
         placement = WorkerPlacement(
             children_inherit_affinity=self.context.get_start_method() != "forkserver")
-        forks = self.context.get_start_method() == "fork"
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
-                own = (task_reader.fileno(), result_writer.fileno())
-                inherited_pipes = {fd: pipe for fd, pipe in _pipe_ends.items()
-                                   if fd not in own} if forks else {}
                 process = self.context.Process(
                     target=worker_loop,
                     args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
-                          parent_pid, ring_prefix, inherited_slots, inherited_pipes),
+                          parent_pid, ring_prefix, inherited_slots),
                     daemon=True,
                 )
                 # Listed before it starts: an exception raised while it starts
                 # (by a handler of the caller's signals) must not lose it.
                 self.processes.append(process)
+                _workers_of_this_process.add(process)
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
-                with placement.starting(worker_id):
+                with placement.starting(worker_id), forking_workers():
                     process.start()
                 self._pids.append(process.pid)
                 # See NOTE [ Why new workers are moved off the main process's CPU ].
                 placement.start_on_own_cpu(worker_id, process.pid)
                 self._release_held(worker_id)
                 # The worker's ends: EOF then means the worker is gone.
-                _close(task_reader)
-                _close(result_writer)
+                pipe_ends.close(task_reader)
+                pipe_ends.close(result_writer)
                 result_fd = self._result_conns[worker_id].fileno()
                 self._worker_of_fd[result_fd] = worker_id
                 self._process_of_fd[process.sentinel] = process
@@ -502,10 +475,35 @@ class WorkerPool:
                 connections += [conn for pair in self._child_ends for conn in pair]
                 self._task_conns, self._result_conns, self._child_ends = [], [], []
                 for conn in connections:
-                    _close(conn)
+                    pipe_ends.close(conn)
                 del connections, processes
                 for name in self._message_names:
                     unlink_name(name)  # a worker that died before reading it
+
+
+# Every worker process the pools of this process started (and that lives on
+# as an object).
+_workers_of_this_process = WeakRegistry()
+
+
+def _leave_the_parents_workers_alone() -> None:
+    """In a child the caller forks (``os.fork()``): forget the parent's workers.
+
+    multiprocessing lists them as this process's children too (its list is
+    inherited), and at a normal exit terminates the daemonic ones among its
+    children (``multiprocessing.util._exit_function``): a child that ended
+    with ``sys.exit()`` took the parent's loader's workers with it, and the
+    parent's next batch raised that a worker was killed by SIGTERM (torch's
+    loader the same).  A child multiprocessing starts itself clears the list.
+    """
+    children = getattr(multiprocessing.process, "_children", None)
+    if children:
+        children.difference_update(_workers_of_this_process.live())
+    _workers_of_this_process.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_the_parents_workers_alone)
 
 
 # Idle workers told to exit at the end of an epoch, not waited for:

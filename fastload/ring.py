@@ -43,6 +43,21 @@ frees the slots with its address space (which is why the slots themselves,
 not their names, are carried over).  At most ``SPARE_BYTES`` are kept, so a
 loader between two epochs holds little (torch's holds nothing).  Under spawn
 or forkserver a worker has nothing to inherit: every epoch makes its own.
+
+NOTE [ Batches a forked child holds ]
+A process forked while the caller holds a batch maps that batch's slot too
+(fork shares a ``MAP_SHARED`` mapping, it does not copy it): a
+``multiprocessing.Process`` given the batch as an argument under fork, or an
+``os.fork()`` that saves it in the background.  torch's batches each live in
+a segment of their own that nothing writes again, so such a child reads its
+batch intact whatever the parent does next.  A slot, though, comes back to
+the ring when the parent drops its last view, and a worker would write the
+next batch over the one the child is reading.  So at every fork but a pool's
+of its own workers (which never read the caller's batches), the slots the
+caller holds are marked, and one that comes back is retired instead (unlinked,
+unmapped here, dropped by the workers, never written again: the child's
+mapping keeps its pages), nor kept for the next epoch; a new slot takes its
+place when one is needed.
 """
 
 from __future__ import annotations
@@ -52,12 +67,16 @@ import errno
 import mmap
 import operator
 import os
+import resource  # here, not when needed: loading it takes a descriptor
 import secrets
 import shutil
+import threading
 import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from fastload.weak_registry import WeakRegistry
 
 try:
     import _posixshmem  # CPython's own POSIX shm bindings (what shared_memory uses)
@@ -83,6 +102,38 @@ SPARE_BYTES = 64 << 20
 # madvise(2) advice that faults a range in, writable (Linux 5.14); mmap does
 # not name it before Python 3.13.
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
+# Every Ring and SpareSlots of this process, for the fork hook (NOTE [ Batches
+# a forked child holds ]).
+_holders_of_slots = WeakRegistry()
+# Threads forking a pool's workers now: those forks share no batch.
+_threads_forking_workers: set[int] = set()
+
+
+class forking_workers:
+    """The block in which a pool forks its own workers: they never read the
+    caller's batches, so its forks leave the held slots in circulation."""
+
+    __slots__ = ("_thread",)
+
+    def __enter__(self) -> None:
+        self._thread = threading.get_ident()
+        _threads_forking_workers.add(self._thread)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _threads_forking_workers.discard(self._thread)
+
+
+def _mark_slots_held_at_fork() -> None:
+    if threading.get_ident() in _threads_forking_workers:
+        return
+    for holder in _holders_of_slots.live():
+        holder.mark_held_at_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_mark_slots_held_at_fork)
 
 
 class SharedMemoryError(RuntimeError):
@@ -136,15 +187,11 @@ def _with_fd_room(call: Callable[[], Any]) -> Any:
 
 
 def _fd_limits() -> tuple[int, int]:
-    import resource
-
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def _raise_fd_limit() -> bool:
     """Double the soft limit on open files, up to the hard one; False if it cannot grow."""
-    import resource
-
     soft, hard = _fd_limits()
     target = soft * 2 if hard == resource.RLIM_INFINITY else min(hard, soft * 2)
     if target <= soft:
@@ -331,6 +378,10 @@ class Ring:
         self._lease_slots: dict[weakref.ref, int] = {}
         self._dead_leases: collections.deque[weakref.ref] = collections.deque()
         self._retired: list[tuple[int, str]] = []
+        # Slots held when this process forked: retired when they come back
+        # (NOTE [ Batches a forked child holds ]).
+        self._held_at_fork: set[int] = set()
+        _holders_of_slots.add(self)
         self._next_id = len(self._slots)
         self._space_checked = False
         self.closed = False
@@ -385,7 +436,10 @@ class Ring:
             slot = self._slots.get(slot_id)
             if slot is None or self.closed:
                 continue
-            if len(self._free) >= self.in_flight + _KEPT_SPARE_SLOTS:
+            if slot_id in self._held_at_fork:
+                self._held_at_fork.discard(slot_id)
+                self._retire(slot_id)
+            elif len(self._free) >= self.in_flight + _KEPT_SPARE_SLOTS:
                 self._retire(slot_id)
             else:
                 self._free.append(slot_id)
@@ -400,6 +454,11 @@ class Ring:
         """Slots unlinked since the last call: workers should drop their mappings."""
         retired, self._retired = self._retired, []
         return retired
+
+    def mark_held_at_fork(self) -> None:
+        """This process forks: the slots the caller holds are never written again."""
+        self._held_at_fork.update(slot_id for lease, slot_id in list(self._lease_slots.items())
+                                  if lease() is not None)
 
     def hand_over(self, spares: "SpareSlots") -> None:
         """Leave this ring's slots to the next epoch's: the free ones now, the
@@ -416,7 +475,7 @@ class Ring:
         # The latest batches first: the spares take what fits in SPARE_BYTES.
         held = {lease: self._slots[slot_id].segment
                 for lease, slot_id in reversed(self._lease_slots.items())
-                if self._slots[slot_id].segment is not None}
+                if self._slots[slot_id].segment is not None and slot_id not in self._held_at_fork}
         # Those leases' references land in this deque when they die: it is the spares' now.
         spares.await_leases(self._dead_leases, held)
         self._lease_slots, self._dead_leases = {}, collections.deque()
@@ -490,7 +549,7 @@ class SpareSlots:
     shared with the process that keeps them.
     """
 
-    __slots__ = ("_segments", "_awaited", "_pid", "__weakref__")
+    __slots__ = ("_segments", "_awaited", "_held_at_fork", "_pid", "__weakref__")
 
     def __init__(self) -> None:
         self._pid = os.getpid()
@@ -500,6 +559,10 @@ class SpareSlots:
         # held.  Only this holds those references: when the loader (and so
         # this) is gone, a batch released later gives its slot to nobody.
         self._awaited: list[tuple[collections.deque[weakref.ref], dict[weakref.ref, Segment]]] = []
+        # Leases held when this process forked: their slots are not kept
+        # (NOTE [ Batches a forked child holds ]).
+        self._held_at_fork: set[weakref.ref] = set()
+        _holders_of_slots.add(self)
 
     def __reduce__(self):
         # A copied (or pickled) loader starts with none: these are mappings of
@@ -540,12 +603,20 @@ class SpareSlots:
             while dead:
                 # A lease that was not kept may land here too, if it died while
                 # its ring was handing over (another thread, a collection).
-                segment = held.pop(dead.popleft(), None)
-                if segment is not None:
+                lease = dead.popleft()
+                segment = held.pop(lease, None)
+                if lease in self._held_at_fork:
+                    self._held_at_fork.discard(lease)
+                elif segment is not None:
                     self._segments.append(segment)
             if held:
                 awaited.append((dead, held))
         self._awaited = awaited
+
+    def mark_held_at_fork(self) -> None:
+        """This process forks: the slots of batches the caller holds are not kept."""
+        self._held_at_fork.update(lease for _, held in list(self._awaited) for lease in list(held)
+                                  if lease() is not None)
 
     def take(self) -> list[Segment]:
         self._collect_released()

@@ -39,7 +39,6 @@ import platform
 import random
 import select
 import signal
-import stat
 import sys
 import time
 import traceback
@@ -48,7 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastload import _core
+from fastload import _core, pipe_ends
 from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
 from fastload.interrupts import restore_callers_handlers
@@ -312,19 +311,16 @@ def _decode_task(data: bytes) -> Any:
 
 def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str,
-                inherited_slots: dict[int, Segment] | None = None,
-                inherited_pipes: dict[int, int] | None = None) -> None:
+                inherited_slots: dict[int, Segment] | None = None) -> None:
     """Entry point of a worker process (``payload`` is pickled bytes under spawn,
     see ``worker_payload``).
 
     ``ring_prefix`` names every segment of this iterator's ring: if the main
     process dies, the worker unlinks them on its way out.  ``inherited_slots``
     (fork only): slots whose mappings came with the fork (see ``SlotWriter``).
-    ``inherited_pipes`` (fork only): the pipe ends of the main process's pools
-    that came with the fork, descriptor -> (device, inode), to let go of.
     """
     restore_callers_handlers()  # before the SIGTERM/SIGHUP take-over looks at them
-    _close_inherited_pipes(inherited_pipes or {})
+    pipe_ends.let_go_of_inherited((task_conn.fileno(), result_conn.fileno()))
     parent = ParentWatch(parent_pid)
     _unlink_ring_when_terminated(parent, ring_prefix)
     orphaned = True
@@ -345,32 +341,6 @@ def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             # so a segment one of them created late is not missed.
             unlink_prefixed(ring_prefix)
         parent.close()
-
-
-def _close_inherited_pipes(pipes: dict[int, tuple[int, int]]) -> None:
-    """Let go of the pipe ends a fork brought that are not this worker's: then
-    the main process closing this worker's task pipe ends it (EOF), and the
-    other workers' pipes do not depend on this one's life.
-
-    Each descriptor is pointed at /dev/null rather than closed: the
-    ``Connection`` that owns it may live on in this process (a dataset that
-    holds another loader's iterator) and close its number when dropped,
-    which must not close whatever reused that number.  Only a descriptor
-    that still is that pipe (device, inode) is touched.
-    """
-    if not pipes:
-        return
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        for fd, pipe in pipes.items():
-            try:
-                status = os.fstat(fd)
-                if stat.S_ISFIFO(status.st_mode) and (status.st_dev, status.st_ino) == pipe:
-                    os.dup2(null, fd, inheritable=False)
-            except OSError:
-                pass
-    finally:
-        os.close(null)
 
 
 # Signals that end a whole process group: ``kill -TERM -<pgid>``, GNU

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing
 import os
 import re
 import signal
@@ -27,6 +28,8 @@ import pytest
 import fastload as fl
 from datasets_for_workers import (CallLoggingDataset, FaultyDataset, SlowDataset, SquareDataset,
                                   WorkerIdDataset, logged_calls, record_init)
+from fastload import pipe_ends
+from forking import fork_child
 from fastload.ring import unlink_name
 from leakcheck import is_alive, shm_entries
 
@@ -796,6 +799,49 @@ def test_a_worker_exits_when_the_main_process_closes_its_task_pipe(no_leaks):
     del loader, iterator
 
 
+_pipes_opened_before_fork: list = []
+_open_a_pipe_before_the_next_fork = False
+
+
+def _open_a_pool_pipe_now() -> None:
+    global _open_a_pipe_before_the_next_fork
+    if _open_a_pipe_before_the_next_fork:
+        _open_a_pipe_before_the_next_fork = False
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        pipe_ends.track(reader, writer)
+        _pipes_opened_before_fork.append((reader, writer))
+
+
+os.register_at_fork(before=_open_a_pool_pipe_now)
+
+
+@pytest.mark.timeout(60)
+def test_workers_let_go_of_pipes_another_pool_opened_just_before_their_fork(no_leaks):
+    # Another thread's pool may open (or close) pipes at any instant, up to
+    # the fork of a worker: the worker lets go of the ends as they were at
+    # its fork, not as a snapshot taken a moment before (which another
+    # thread's pool could change meanwhile, even while it was being taken).
+    global _open_a_pipe_before_the_next_fork
+    loader = fl.DataLoader(SquareDataset(8, (2,)), batch_size=4, num_workers=1,
+                           persistent_workers=True)
+    _open_a_pipe_before_the_next_fork = True
+    iterator = iter(loader)
+    assert _open_a_pipe_before_the_next_fork is False, "the worker was not forked"
+    (reader, writer), = _pipes_opened_before_fork
+    _pipes_opened_before_fork.clear()
+    try:
+        next(iterator)  # the worker is running
+        pipe_ends.close(writer)
+        # The worker holds no copy of the writing end: the reader sees EOF.
+        assert reader.poll(10.0)
+        with pytest.raises(EOFError):
+            reader.recv_bytes()
+    finally:
+        pipe_ends.close(writer)
+        pipe_ends.close(reader)
+    del loader, iterator
+
+
 def _children_among(pids: list[int]) -> list[int]:
     """Those of ``pids`` still this process's children: running, or exited and not reaped."""
     import psutil
@@ -1294,7 +1340,7 @@ def test_a_process_the_caller_forks_leaves_the_loader_alone_at_its_exit(tmp_path
     # The child inherits the iterator's finalizer and runs it at exit; the
     # workers and the segments are the parent's, still in use.
     script = _script(tmp_path, """
-        import multiprocessing.process, os, sys
+        import os, sys
         import numpy as np
         import fastload as fl
 
@@ -1304,10 +1350,10 @@ def test_a_process_the_caller_forks_leaves_the_loader_alone_at_its_exit(tmp_path
         first = next(it)
         child = os.fork()
         if child == 0:
-            # multiprocessing's own exit handler would terminate the parent's
-            # workers, inherited as "children" (it does so under torch too).
-            multiprocessing.process._children.clear()
-            sys.exit(0)  # atexit handlers run, the loader's finalizer among them
+            # atexit handlers run: the loader's finalizer, and multiprocessing's,
+            # which terminates the daemonic processes it lists as children (it
+            # took the parent's workers, as it does under torch).
+            sys.exit(0)
         _, status = os.waitpid(child, 0)
         print("BATCHES", status, [int(b[0, 0]) for b in it], flush=True)
         """)
@@ -1317,6 +1363,45 @@ def test_a_process_the_caller_forks_leaves_the_loader_alone_at_its_exit(tmp_path
     assert proc.returncode == 0, stderr
     assert stdout.split() == ["BATCHES", "0", "[8,", "16,", "24,", "32,", "40,", "48,", "56]"], stderr
     assert stderr == ""
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_iterates_a_persistent_loader_with_workers_of_its_own(no_leaks):
+    # The child's copy of the loader holds the parent's iterator, whose
+    # workers answer the parent: asking them, the child took the parent's
+    # batches and the parent waited forever (torch's loader the same).
+    expected = [labels.tolist() for _, labels in fl.DataLoader(SquareDataset(40, (2,)), batch_size=4)]
+    loader = fl.DataLoader(SquareDataset(40, (2,)), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    iterator = iter(loader)
+    parents_workers = iterator.worker_pids
+    assert next(iterator)[1].tolist() == expected[0]
+
+    def child():
+        assert [labels.tolist() for _, labels in loader] == expected
+        assert not set(loader._iterator.worker_pids) & set(parents_workers)
+        loader._iterator.shutdown()
+
+    assert fork_child(child) == 0
+    assert [labels.tolist() for _, labels in iterator] == expected[1:]
+    assert [labels.tolist() for _, labels in loader] == expected
+    assert loader._iterator.worker_pids == parents_workers
+
+
+@pytest.mark.timeout(60)
+def test_next_on_an_iterator_a_fork_brought_raises_and_leaves_the_parents_epoch_alone(no_leaks):
+    expected = [labels.tolist() for _, labels in fl.DataLoader(SquareDataset(40, (2,)), batch_size=4)]
+    iterator = iter(fl.DataLoader(SquareDataset(40, (2,)), batch_size=4, num_workers=2))
+    assert next(iterator)[1].tolist() == expected[0]
+    parent = os.getpid()
+
+    def child():
+        with pytest.raises(RuntimeError, match=f"came with a fork from process {parent}, "
+                                               f"whose workers serve that process only"):
+            next(iterator)
+
+    assert fork_child(child) == 0
+    assert [labels.tolist() for _, labels in iterator] == expected[1:]
 
 
 def _assert_workers_and_segments_go(pids: list[int], prefixes: list[str], outlived: str) -> None:

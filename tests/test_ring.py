@@ -8,10 +8,10 @@ import copy
 import gc
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
-import traceback
 import weakref
 
 import numpy as np
@@ -21,6 +21,7 @@ import fastload as fl
 from fastload import ring as ringmod
 from fastload.ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
 from datasets_for_workers import GrowingDataset, SquareDataset
+from forking import fork_child, run_and_exit
 from leakcheck import segment_pid, shm_entries
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -288,26 +289,6 @@ def test_close_unlinks_everything_including_unreported_next_generation(prefix):
 # Slots that outlive an epoch (NOTE [ Slots that outlive an epoch ])
 # ---------------------------------------------------------------------------
 
-def _run_and_exit(body) -> None:
-    """In a forked child: run ``body()``, exit 0 if it returned, else print why and exit 1."""
-    code = 1
-    try:
-        body()
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def _fork_child(body) -> int:
-    """Run ``body()`` in a forked child (as a worker would); its exit status."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        _run_and_exit(body)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
 def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
@@ -482,7 +463,7 @@ def test_a_new_ring_starts_with_the_spares_and_a_forked_writer_fills_them(prefix
                 allocation(8000)[:8000] = value
                 assert allocation.created_name is None  # nothing made, nothing opened
 
-        assert _fork_child(fill) == 0
+        assert fork_child(fill) == 0
         for value, info in enumerate(infos, start=7):
             view = ring.lease(info.slot_id)
             assert (view[:8000] == value).all()  # written through the shared mapping
@@ -679,7 +660,7 @@ def test_a_forked_child_iterating_the_loader_leaves_the_parents_slots_alone(no_l
 
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
-        _run_and_exit(child)
+        run_and_exit(child)
     try:
         assert os.read(started_r, 1) == b"x"
         check_epochs(range(1, 1 + epochs), scribble=False)  # while the child runs its own
@@ -689,6 +670,52 @@ def test_a_forked_child_iterating_the_loader_leaves_the_parents_slots_alone(no_l
         os.close(started_w)
     assert status == 0, "the child's epochs went wrong"
     assert loader._spare_slots.nbytes > 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent, when", [(False, "mid-epoch"), (True, "mid-epoch"),
+                                              (False, "between epochs")])
+def test_a_batch_a_forked_child_holds_is_never_written_again(no_leaks, persistent, when):
+    # NOTE [ Batches a forked child holds ]: the child (a background save, say)
+    # reads the batch it inherited while the parent drops its own views and
+    # goes on loading; between epochs the batch's slot would have been kept
+    # for the next epoch's workers.
+    dataset = SquareDataset(24 * 4, (3, 16, 16))
+    expected = list(fl.DataLoader(dataset, batch_size=4))
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent,
+                           multiprocessing_context="fork")
+    iterator = iter(loader)
+    if when == "mid-epoch":
+        number, held = 0, next(iterator)
+    else:
+        for number, held in enumerate(iterator):
+            pass
+    shared = {number: held}  # the parent lets go of it once the child has it
+    del held
+    go_r, go_w = os.pipe()
+
+    def child():
+        assert os.read(go_r, 1) == b"x"  # the parent has moved on
+        np.testing.assert_array_equal(shared[number][0], expected[number][0])
+        np.testing.assert_array_equal(shared[number][1], expected[number][1])
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        run_and_exit(child)
+    try:
+        shared.clear()
+        rest = list(iterator)  # held, so the ring reuses the slot the child holds, if anything
+        for _ in range(2):
+            for (images, _), (ref_images, _) in zip(loader, expected):
+                np.testing.assert_array_equal(images, ref_images)
+        del rest, images
+        os.write(go_w, b"x")
+    finally:
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        os.close(go_r)
+        os.close(go_w)
+    assert status == 0, "the batch the child held was written over"
+    del loader, iterator
 
 
 @pytest.mark.timeout(60)
@@ -862,8 +889,11 @@ def test_too_small_dev_shm_gives_clear_error(tmp_path, case):
 
 
 
+# The limits are set before the script starts, and it does not import
+# ``resource``: loading an extension module takes a descriptor too, so
+# fastload must not load one once none is left.
 _FD_LIMIT_SCRIPT = """
-import resource, sys
+import sys
 sys.path[:0] = [{repo!r}]
 import numpy as np
 import fastload as fl
@@ -875,11 +905,14 @@ class Rows(fl.Dataset):
     def __getitem__(self, i):
         return np.full(4, i, np.float32)
 
-resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))
+def soft_limit():
+    with open("/proc/self/limits") as limits:
+        return next(line.split()[3] for line in limits if line.startswith("Max open files"))
+
 try:
     held = list(fl.DataLoader(Rows(), batch_size=2, num_workers=2))
     intact = all(b[:, 0].tolist() == [2 * k, 2 * k + 1] for k, b in enumerate(held))
-    print("HELD", len(held), intact, "LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    print("HELD", len(held), intact, "LIMIT", soft_limit())
 except OSError as exc:
     print("ERROR", exc)
 """
@@ -892,9 +925,10 @@ def test_holding_more_batches_than_the_open_file_limit(tmp_path, no_leaks, hard)
     # an epoch of 200 batches under a soft limit of 64 gets the limit raised
     # towards the hard one; at the hard limit, an error that says what to change.
     script = tmp_path / "fd_limit.py"
-    script.write_text(_FD_LIMIT_SCRIPT.format(repo=REPO_DIR, soft=64, hard=hard))
+    script.write_text(_FD_LIMIT_SCRIPT.format(repo=REPO_DIR))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
     no_leaks.watch_pid(proc.pid)
     out, err = proc.communicate(timeout=50)
     if hard > 64:
