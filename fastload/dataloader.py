@@ -249,6 +249,10 @@ class DataLoader:
         return len(self._index_sampler)
 
     def __iter__(self) -> "_BaseIter":
+        if self.pin_memory and self.pin_memory_device:
+            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
+                          f"as the device,ignore pin_memory_device='{self.pin_memory_device}'.",
+                          stacklevel=2)  # torch's words (its missing space too)
         if self.pin_memory:
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=2)

@@ -381,10 +381,21 @@ def test_output_validation_and_torch_output(torch):
     assert batch["name"] == ["sample-0", "sample-1"]
 
 
-def test_pin_memory_warns_and_changes_nothing():
-    ds = fl.ArrayDataset(np.arange(6))
-    with pytest.warns(UserWarning, match="pin_memory"):
-        batches = list(DataLoader(ds, batch_size=3, pin_memory=True))
+@pytest.mark.parametrize("device", ["", "cuda"])
+def test_pin_memory_warns_as_torch_and_changes_nothing(torch, device):
+    def warnings_of(loader):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batches = list(loader)
+        return [(w.category, str(w.message), w.filename) for w in caught], batches
+
+    theirs, _ = warnings_of(torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.arange(6)), batch_size=3, pin_memory=True,
+        pin_memory_device=device))
+    ours, batches = warnings_of(DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=3,
+                                           pin_memory=True, pin_memory_device=device))
+    assert [w[:2] for w in ours] == [w[:2] for w in theirs] and len(ours) == 1 + bool(device)
+    assert {w[2] for w in ours} == {__file__}
     assert [b[0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
 
 
