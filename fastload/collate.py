@@ -575,8 +575,22 @@ def _retyped(error: Exception, message: str) -> Exception:
 # decide the width.  numpy instead widens (int64 + float32 -> float64), so the
 # slow paths promote the torch way.  Python numbers count as torch infers them.
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
-_PYTHON_NUMBER_DTYPES = ((bool, np.dtype(np.bool_)), (int, np.dtype(np.int64)),
-                         (float, np.dtype(np.float32)), (complex, np.dtype(np.complex64)))
+
+
+def _python_float_dtypes() -> tuple[np.dtype, np.dtype]:
+    """The dtypes torch infers for a Python float and a Python complex: its
+    default dtype's, float32 and complex64 unless the process imported torch
+    and changed it (``torch.set_default_dtype(torch.float64)``: float64 and
+    complex128).  numpy has no complex32, nor bfloat16: a half default gives
+    float16 and complex64, a bfloat16 one float32 and complex64."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        default = torch.get_default_dtype()
+        if default == torch.float64:
+            return np.dtype(np.float64), np.dtype(np.complex128)
+        if default == torch.float16:
+            return np.dtype(np.float16), np.dtype(np.complex64)
+    return np.dtype(np.float32), np.dtype(np.complex64)
 
 
 def _as_tensor_dtype(value: Any) -> np.dtype | None:
@@ -593,12 +607,13 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
         except (TypeError, ValueError):
             return None
         # Python floats become torch's default dtype, not float64.
-        dtype = {np.dtype(np.float64): np.dtype(np.float32),
-                 np.dtype(np.complex128): np.dtype(np.complex64)}.get(dtype, dtype)
+        if dtype.kind in "fc":
+            dtype = _python_float_dtypes()[dtype.kind == "c"]
+    elif isinstance(value, (bool, int)):
+        return np.dtype(np.bool_) if isinstance(value, bool) else np.dtype(np.int64)
+    elif isinstance(value, (float, complex)):
+        return _python_float_dtypes()[isinstance(value, complex)]
     else:
-        for python_type, python_dtype in _PYTHON_NUMBER_DTYPES:
-            if isinstance(value, python_type):
-                return python_dtype
         return None
     return dtype if dtype.kind in "biufc" else None
 
@@ -971,6 +986,8 @@ def default_convert(data: Any) -> Any:
 
     def leaf(value: Any) -> Any:
         if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
+            return np.asarray(value)
+        if isinstance(value, np.matrix):  # torch makes a plain tensor of it
             return np.asarray(value)
         if not holds_tensors and _is_torch_tensor(value):
             holds_tensors.append(True)

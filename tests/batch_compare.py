@@ -22,7 +22,7 @@ def assert_same_as_torch(ours, theirs, path="batch", tensors=False):
         if tensors:
             assert _is_tensor(ours), f"{path}: {type(ours)} is not a tensor"
             ours = ours.numpy()
-        assert isinstance(ours, np.ndarray), f"{path}: {type(ours)} is not an ndarray"
+        assert type(ours) is np.ndarray, f"{path}: {type(ours)} is not an ndarray"
         assert ours.dtype == expected.dtype, f"{path}: dtype {ours.dtype} != torch's {expected.dtype}"
         assert ours.shape == expected.shape, f"{path}: shape {ours.shape} != torch's {expected.shape}"
         np.testing.assert_array_equal(ours, expected, err_msg=path)

@@ -998,6 +998,7 @@ CONVERT_CASES = {
     "array_fortran": lambda: np.asfortranarray(_arr(1, (3, 4))),
     "array_sliced": lambda: _arr(1, (6, 6))[::2, ::3],
     "array_0d": lambda: np.array(3.5),
+    "matrix": lambda: np.matrix([[1, 2], [3, 4]]),
     "int": lambda: 3,
     "float": lambda: 2.5,
     "bool": lambda: True,
@@ -1310,3 +1311,27 @@ def test_fuzz_convert_against_torch(torch, batch):
 def test_public_api_exports():
     assert fastload.default_collate is default_collate
     assert fastload.default_convert is default_convert
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("default", ["float32", "float64", "float16"])
+def test_python_floats_among_other_numbers_take_torchs_default_dtype(torch, default):
+    # torch infers a Python float as its default dtype, which the caller may
+    # have changed (torch.set_default_dtype): a process that imported torch
+    # gets that dtype from fastload's collate too.
+    batches = [[1, 2.5], [np.int64(1), 2.5], [True, 2.5], [1, 2j], [np.float32(1), 2.5],
+               [np.zeros(2, np.int32), [1.5, 2]], [(1, 2.5), (3, 4)]]
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, default))
+    try:
+        for batch in batches:
+            expected = torch_collate(torch, batch)
+            ours = default_collate(batch)
+            if isinstance(expected, list):
+                assert [o.dtype for o in ours] == [e.numpy().dtype for e in expected], batch
+            elif expected.dtype == torch.complex32:  # numpy has no complex32
+                assert ours.dtype == np.complex64, batch
+            else:
+                assert ours.dtype == expected.numpy().dtype, batch
+    finally:
+        torch.set_default_dtype(before)
