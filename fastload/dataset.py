@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import numbers
+import operator
 import warnings
 from collections.abc import Sequence
 from typing import Any, Generic, Iterable, Iterator, TypeVar
@@ -413,14 +413,18 @@ def _split_lengths(length: int, lengths: Sequence[int | float]) -> list[int]:
     if total != length:
         raise ValueError("Sum of input lengths does not equal the length of the input dataset! "
                          f"(lengths {list(lengths)} sum to {total}, dataset length is {length})")
+    counts = []
     for i, n in enumerate(lengths):
-        if not isinstance(n, numbers.Integral):
+        try:
+            count = operator.index(n)  # an int, a numpy integer, a 0-d integer tensor
+        except TypeError:
             raise TypeError(f"lengths must be integers, or fractions summing to 1; "
-                            f"lengths[{i}] is {n!r}")
-        if n < 0:
+                            f"lengths[{i}] is {n!r}") from None
+        if count < 0:
             # torch slices with a negative length and returns overlapping splits.
-            raise ValueError(f"Length of split at index {i} is negative ({n})")
-    return [int(n) for n in lengths]
+            raise ValueError(f"Length of split at index {i} is negative ({count})")
+        counts.append(count)
+    return counts
 
 
 def random_split(dataset: Dataset[_T], lengths: Sequence[int | float],

@@ -587,6 +587,17 @@ def test_random_split_lengths_match_torch(torch, n, lengths):
     assert all(type(s) is Subset for s in ours)
 
 
+@pytest.mark.parametrize("make", ["tensor", "tensors", "numpy"])
+def test_random_split_takes_lengths_as_torch_integers_and_tensors(torch, make):
+    lengths = {"tensor": lambda: torch.tensor([3, 7]),
+               "tensors": lambda: [torch.tensor(3), torch.tensor(7)],
+               "numpy": lambda: np.array([3, 7])}[make]()
+    theirs = _TorchLib(torch).random_split(list(range(10)), lengths)
+    ours = _FastloadLib.random_split(list(range(10)), lengths)
+    assert [len(s) for s in ours] == [len(s) for s in theirs] == [3, 7]
+    assert all(type(i) is int for s in ours for i in s.indices)
+
+
 @pytest.mark.parametrize("n, lengths", SPLITS, ids=repr)
 def test_random_split_is_disjoint_and_covering(n, lengths):
     with warnings.catch_warnings():
