@@ -157,6 +157,25 @@ def test_changing_samples_in_place_says_to_assign_a_list(layout, change):
     assert ds[0][1] == 3 - samples[0][1] and list(ds.targets) == [t for _, t in relabelled]
 
 
+def test_the_tables_concatenate_and_repeat_into_lists_as_torchvisions_lists_do(layout):
+    # Merging two folders' samples (and the like) is list arithmetic in
+    # torchvision code: it gives new lists, which can then be assigned whole.
+    root, _, samples = layout
+    ds, other = ImageFolder(root), ImageFolder(root)
+    targets = [t for _, t in samples]
+    merged = ds.samples + other.samples
+    assert type(merged) is list and merged == samples + samples
+    assert ds.samples + [("x.jpg", 0)] == samples + [("x.jpg", 0)]
+    assert [("x.jpg", 0)] + ds.samples == [("x.jpg", 0)] + samples
+    assert ds.targets + [7] == targets + [7] and [7] + ds.targets == [7] + targets
+    assert ds.imgs * 2 == samples * 2 and 2 * ds.targets == targets * 2
+    ds.samples += other.samples[:2]  # rebinds, as the sum is a new list: assigned whole
+    assert isinstance(ds.samples, SampleTable) and ds.samples == samples + samples[:2]
+    assert list(ds.targets) == targets + targets[:2] and other.samples == samples
+    with pytest.raises(TypeError):
+        ds.samples + ("x.jpg", 0)
+
+
 def test_missing_attributes_of_the_tables_are_plain_attribute_errors(layout):
     ds = ImageFolder(layout[0])
     for table in (ds.samples, ds.targets):

@@ -52,6 +52,25 @@ class _ReadOnlyRows:
     def __delitem__(self, index: Any) -> None:
         raise TypeError(self._refusal("item deletion"))
 
+    # Concatenated and repeated as lists are, into a new list: merging two
+    # folders' samples is ``a.samples + b.samples`` in torchvision code.
+    def __add__(self, other: Any) -> list:
+        if isinstance(other, (list, _ReadOnlyRows)):
+            return [*self, *other]
+        return NotImplemented
+
+    def __radd__(self, other: Any) -> list:
+        if isinstance(other, list):
+            return [*other, *self]
+        return NotImplemented
+
+    def __mul__(self, times: Any) -> list:
+        if isinstance(times, int):
+            return list(self) * times
+        return NotImplemented
+
+    __rmul__ = __mul__
+
     def __getattr__(self, name: str) -> Any:
         if name in _LIST_MUTATORS:
             raise AttributeError(self._refusal(f".{name}()"))
