@@ -676,6 +676,9 @@ class _MultiProcessIter(_BaseIter):
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
             self._pool.start()
+        except KeyboardInterrupt:
+            self._shutdown_at_ctrl_c()
+            raise
         except BaseException:
             self.shutdown()
             raise
@@ -811,7 +814,7 @@ class _MultiProcessIter(_BaseIter):
         try:
             return self._next()
         except KeyboardInterrupt:
-            self.shutdown()
+            self._shutdown_at_ctrl_c()
             raise
         except WorkerDied as exc:
             self.shutdown()
@@ -899,6 +902,14 @@ class _MultiProcessIter(_BaseIter):
         """Stop the workers and unlink every segment; held batches stay valid."""
         self.closed = True
         self._finalizer()
+
+    def _shutdown_at_ctrl_c(self) -> None:
+        """``shutdown`` with no grace for busy workers: they are terminated, not
+        waited for (a worker in a slow ``__getitem__``, or still importing under
+        spawn, kept the caller's ``except KeyboardInterrupt`` waiting up to 5 s;
+        torch's loader raises at once)."""
+        self._pool.exit_grace = 0.0
+        self.shutdown()
 
     @property
     def worker_pids(self) -> list[int]:

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["pickle_for_workers", "PickledPayload"]
+__all__ = ["pickle_for_workers", "PickledPayload", "TruncatedFileError"]
 
 
 class PickledPayload:
@@ -94,6 +94,8 @@ def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str
         return PickledPayload(_dumps(objects, strict=True))
     except _NeedsEachWorker:
         per_worker = True
+    except TruncatedFileError:
+        raise  # picklable, but not as it is now: no advice on pickling applies
     except Exception:
         per_worker = False
     # Find which object fails, and why (a descriptor-holding object is fine).
@@ -172,6 +174,9 @@ class _PayloadPickler(ForkingPickler):
         start = array.__array_interface__["data"][0]
         low, high = _byte_bounds(start, array)
         file_offset = int(root.offset) + (low - root_start)
+        if status.st_size < file_offset + (high - low):
+            # Its bytes past the end are gone: reading them (to send them) is a SIGBUS.
+            raise _truncated(root.filename, status.st_size, file_offset + (high - low))
         order = "C" if array.flags.c_contiguous else "F" if array.flags.f_contiguous else None
         # A writable mapping reopens as "r+": "w+" would truncate the file.
         mode = "r+" if root.mode == "w+" else root.mode
@@ -214,6 +219,17 @@ def _byte_bounds(start: int, array: np.ndarray) -> tuple[int, int]:
     return low, high + array.itemsize
 
 
+class TruncatedFileError(RuntimeError):
+    """A file that an array of the dataset maps is shorter than the array."""
+
+
+def _truncated(filename: str, size: int, needed: int) -> TruncatedFileError:
+    return TruncatedFileError(
+        f"the file {os.fspath(filename)!r}, mapped by an array of the dataset, is {size} bytes "
+        f"long, but the array reads up to byte {needed}: the file was truncated after the array "
+        f"was mapped; map it again (np.memmap, np.load(..., mmap_mode=...)) once it is complete")
+
+
 def _map_again(filename: str, identity: tuple[int, int], mode: str, file_offset: int,
                nbytes: int, start: int, dtype: np.dtype, shape: tuple, strides: tuple,
                order: str | None, was_memmap: bool) -> np.ndarray:
@@ -223,11 +239,13 @@ def _map_again(filename: str, identity: tuple[int, int], mode: str, file_offset:
         replaced = (status.st_dev, status.st_ino) != identity
     except FileNotFoundError:
         replaced = True
+    if not replaced and status.st_size < file_offset + nbytes:
+        raise _truncated(filename, status.st_size, file_offset + nbytes)
     if replaced:
         raise RuntimeError(
-            f"the file {filename!r}, mapped by an array of the dataset, was replaced or removed "
-            f"after the DataLoader sent the dataset to its workers; keep the file in place "
-            f"while the loader starts its workers, or use multiprocessing_context='fork'")
+            f"the file {os.fspath(filename)!r}, mapped by an array of the dataset, was replaced "
+            f"or removed after the DataLoader sent the dataset to its workers; keep the file in "
+            f"place while the loader starts its workers, or use multiprocessing_context='fork'")
     if was_memmap and order is not None:  # a memmap of its own, as np.memmap makes them
         return np.memmap(filename, dtype=dtype, mode=mode, offset=file_offset + start,
                          shape=shape, order=order)

@@ -1231,6 +1231,25 @@ def test_ctrl_c_in_main_process_raises_keyboard_interrupt_and_cleans_up(tmp_path
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_ctrl_c_is_raised_at_once_and_busy_or_starting_workers_are_terminated(no_leaks, method):
+    # torch's loader raises a Ctrl-C at once.  Waiting for busy workers (in a
+    # slow sample; under spawn, still importing) kept the caller's `except
+    # KeyboardInterrupt` (a checkpoint save) waiting up to 5 s.
+    loader = fl.DataLoader(SlowDataset(64, delay=4.0), batch_size=2, num_workers=2,
+                           multiprocessing_context=method)
+    ctrl_c = threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident,
+                                                        signal.SIGINT))
+    started = time.monotonic()
+    ctrl_c.start()
+    with pytest.raises(KeyboardInterrupt):  # in iter() or in next(): the workers are stopped
+        next(iter(loader))
+    raised_after = time.monotonic() - started - 0.5
+    ctrl_c.join()
+    assert raised_after < 1.5, f"KeyboardInterrupt came {raised_after:.1f} s after the Ctrl-C"
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("handler", ["default", "custom"])
 def test_ctrl_c_while_a_worker_is_forked_is_not_lost(tmp_path, no_leaks, handler):
     # A SIGINT that lands inside os.fork's at-fork hooks used to raise there,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload.worker_payload import PickledPayload, pickle_for_workers
+from fastload.worker_payload import PickledPayload, TruncatedFileError, pickle_for_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -91,6 +91,31 @@ def test_a_file_replaced_after_pickling_fails_in_the_worker_naming_it(tmp_path, 
     (values + 1000).tofile(tmp_path / "new.dat")
     os.replace(tmp_path / "new.dat", tmp_path / "x.dat")
     with pytest.raises(RuntimeError, match=r"x\.dat.*was replaced or removed"):
+        pickle.loads(payload.data)
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as file:
+        file.truncate(size)
+
+
+def test_a_file_truncated_before_pickling_fails_at_iter_naming_it(tmp_path, values, no_leaks):
+    # Its pages past the new end are gone: sending them by value would be a
+    # SIGBUS in the main process (torch's dies so), mapping them a SIGBUS in a worker.
+    array = _memmap(tmp_path, values)[1000:]
+    _truncate(tmp_path / "x.dat", 100)
+    loader = fl.DataLoader(fl.ArrayDataset(array), batch_size=64, num_workers=2,
+                           multiprocessing_context="spawn")
+    with pytest.raises(TruncatedFileError, match=r"x\.dat', mapped by an array of the dataset, "
+                                                 r"is 100 bytes long, but the array reads up to "
+                                                 rf"byte {values.nbytes}: the file was truncated"):
+        iter(loader)
+
+
+def test_a_file_truncated_after_pickling_fails_in_the_worker_naming_it(tmp_path, values):
+    payload = pickle_for_workers([("dataset", _memmap(tmp_path, values))], "spawn")
+    _truncate(tmp_path / "x.dat", values.nbytes - 8)
+    with pytest.raises(TruncatedFileError, match=r"x\.dat'.* is \d+ bytes long"):
         pickle.loads(payload.data)
 
 
