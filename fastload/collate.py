@@ -190,12 +190,15 @@ class Value:
         return (Value, (self.value,))
 
 
-class TrackedTensors(Value):
-    """Tensors that carry autograd history (``requires_grad``): torch's
-    ``torch.stack`` makes the batch, so that gradients flow back to the
-    dataset's tensors, as with torch's collate; the ring's bytes would cut
-    them off.  (A worker then sends the stacked tensor pickled, which torch
-    refuses for a tensor with history, as its own workers fail on them.)"""
+class TorchStacked(Value):
+    """Tensors that are more than their bytes, which ``torch.stack`` makes the
+    batch of, as torch's collate does (see ``_torch_must_stack``): with
+    autograd history, so that gradients flow back to the dataset's tensors
+    (the ring's bytes would cut them off); quantized ones (their scale and
+    zero point); on another device than the CPU.  A worker then sends the
+    stacked tensor pickled (torch refuses that for a tensor with history, as
+    its own workers fail on them).  Nested and sparse ones are refused with
+    torch's errors."""
 
     __slots__ = ()
 
@@ -203,6 +206,15 @@ class TrackedTensors(Value):
         import torch
 
         _check_all_tensors(values, self.path)
+        first = values[0]
+        if first.is_nested:
+            raise RuntimeError("Batches of nested tensors are not currently supported by the "
+                               "default collate_fn; please provide a custom collate_fn to "
+                               "handle them appropriately.")
+        if first.layout != torch.strided:
+            raise RuntimeError("Batches of sparse tensors are not currently supported by the "
+                               "default collate_fn; please provide a custom collate_fn to "
+                               "handle them appropriately.")
         return torch.stack(values)
 
 
@@ -215,12 +227,20 @@ def _check_all_tensors(values: list, path: tuple) -> None:
                             f"the structure of the first")
 
 
-def _any_requires_grad(samples: Sequence, path: tuple) -> bool:
+def _torch_must_stack(samples: Sequence, path: tuple) -> bool:
+    """Whether a tensor at ``path`` is more than the bytes numpy would see
+    (``TorchStacked``)."""
     try:
         values = _core.collect_leaf_objects(list(samples), path)
     except (KeyError, IndexError, TypeError):
         return False  # the fill names the sample that lacks it
-    return any(getattr(value, "requires_grad", False) for value in values)
+    torch = sys.modules.get("torch")  # loaded: the first sample holds a tensor there
+    for value in values:
+        if _is_torch_tensor(value) and (
+                value.requires_grad or value.is_quantized or value.is_nested
+                or value.device.type != "cpu" or value.layout != torch.strided):
+            return True
+    return False
 
 
 def _same_key_types(keys: list, other_keys: list) -> bool:
@@ -468,7 +488,7 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
                in_sequence: bool = False, tracked: frozenset = frozenset()) -> Any:
     """The layout node of ``elem``; sequences to check go to ``length_checks``,
     the paths of torch tensors to ``tensors``; ``tracked``: the paths of tensors
-    that carry autograd history (see ``TrackedTensors``)."""
+    that torch stacks (see ``TorchStacked``)."""
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
         if is_string_or_object_dtype(elem.dtype):
@@ -488,8 +508,8 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
         return Value(None, path, as_tuple=in_sequence)
     if _is_torch_tensor(elem):
         tensors.append(path)
-        if path in tracked:
-            return TrackedTensors(None, path)
+        if path in tracked or elem.is_nested:  # a nested tensor has no one shape
+            return TorchStacked(None, path)
         return ArraySlot(_numpy_dtype_of(elem.dtype), (n,) + tuple(elem.shape), path, _TENSOR,
                          as_torch=True)
     if isinstance(elem, collections.abc.Mapping):
@@ -522,7 +542,7 @@ def plan_collate(samples: Sequence) -> BatchLayout:
     tensors: list = []
     layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks, tensors),
                          length_checks)
-    tracked = frozenset(path for path in tensors if _any_requires_grad(samples, path))
+    tracked = frozenset(path for path in tensors if _torch_must_stack(samples, path))
     if tracked:  # rare: lay out again, with torch stacking those leaves
         length_checks, tensors = [], []
         layout = BatchLayout(_plan_node(samples[0], (), len(samples), length_checks, tensors,
@@ -781,6 +801,8 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
         dtypes = []
         for i, value in enumerate(values):
             dtype = _as_tensor_dtype(value)
+            if dtype is None and _is_torch_tensor(value):
+                raise _dtype_numpy_lacks(values, leaf.path, i)
             if dtype is None:
                 raise StructureMismatchError(
                     f"default_collate: {format_path(leaf.path, i)} is {type(value).__name__}, "
@@ -799,6 +821,9 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
             f"default_collate: {format_path(leaf.path, wrong)} is {type(values[wrong]).__name__}, "
             f"but {first} is {type(values[0]).__name__}; every sample must have the structure "
             f"of the first")
+    lacking = next((i for i, value in enumerate(values) if _as_tensor_dtype(value) is None), None)
+    if lacking is not None:
+        raise _dtype_numpy_lacks(values, leaf.path, lacking)
     if leaf.kind == _SCALAR_FLOAT:
         dtype = np.dtype(np.float64)  # torch.tensor(batch, dtype=torch.float64)
         complex_at = next((i for i, value in enumerate(values)
@@ -818,6 +843,15 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     leaf.dtype = dtype
     leaf.kind = _CAST_SCALARS
     return False
+
+
+def _dtype_numpy_lacks(values: list, path: tuple, index: int) -> TypeError:
+    """A tensor of a dtype numpy lacks (bfloat16, the float8s) beside values of
+    other types: its bytes stack only with tensors of its own dtype."""
+    return TypeError(f"default_collate: {format_path(path, index)} is a {values[index].dtype} "
+                     f"tensor, but {format_path(path, 0)} is {type(values[0]).__name__}: "
+                     f"fastload promotes mixed values only among dtypes numpy has; give "
+                     f"every sample one type there (e.g. tensor.float())")
 
 
 def _refuse_unpromotable(values: list, path: tuple) -> None:
@@ -880,7 +914,7 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
                 values = _core.collect_leaf_objects(samples, leaf.path)
             except (KeyError, IndexError, TypeError) as exc:
                 raise _walk_error(samples, leaf.path, exc) from exc
-            if isinstance(leaf, TrackedTensors):
+            if isinstance(leaf, TorchStacked):
                 leaf.value = leaf.stack(values)
             else:
                 leaf.value = tuple(values) if leaf.as_tuple else values
@@ -936,9 +970,10 @@ def _plan_packing(obj: Any, sources: list) -> Any:
         sources.append(obj)
         return ArraySlot(obj.dtype, obj.shape)
     # A tensor subclass rides as a value, as an ndarray subclass does: its
-    # bytes alone would come back as a plain tensor.
+    # bytes alone would come back as a plain tensor; so do tensors that are
+    # more than their bytes (quantized, nested: see TorchStacked).
     if _is_plain_torch_tensor(obj) and obj.device.type == "cpu" and not obj.requires_grad \
-            and obj.layout.__class__.__name__ == "layout" and str(obj.layout) == "torch.strided":
+            and str(obj.layout) == "torch.strided" and not obj.is_nested and not obj.is_quantized:
         array = tensor_as_numpy(obj)
         sources.append(array)
         return ArraySlot(array.dtype, array.shape, as_torch=True)
@@ -1116,10 +1151,14 @@ def _tensor_keeping(array: np.ndarray, torch: Any) -> Any:
 def _as_torch_can_share(array: np.ndarray) -> np.ndarray:
     """``array``, or a copy torch can make a tensor of: torch has no big-endian
     tensors and no negative strides (fastload collates big-endian arrays, and a
-    ``collate_fn`` may return a reversed view; ``output="torch"`` gives their values)."""
+    ``collate_fn`` may return a reversed view; ``output="torch"`` gives their
+    values), nor read-only ones (a tensor over a read-only map, ``np.memmap``'s
+    mode "r", crashes the process when written)."""
     if not array.dtype.isnative:
         return array.astype(array.dtype.newbyteorder("="))
-    return array.copy() if any(stride < 0 for stride in array.strides) else array
+    if not array.flags.writeable or any(stride < 0 for stride in array.strides):
+        return array.copy()
+    return array
 
 
 def to_torch(data: Any) -> Any:
@@ -1134,7 +1173,9 @@ def to_torch(data: Any) -> Any:
     import torch
 
     def leaf(value: Any) -> Any:
-        if isinstance(value, np.ndarray):
+        # numpy's own array types, as torch's default_convert picks them: a
+        # masked array (numpy.ma) or a subclass of the caller's stays as it is.
+        if isinstance(value, np.ndarray) and type(value).__module__ == "numpy":
             if is_string_or_object_dtype(value.dtype):
                 return value
             return _tensor_keeping(value, torch)

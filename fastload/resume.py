@@ -250,7 +250,10 @@ def warn_if_order_unknown(loader: Any) -> None:
     if not chain:
         return
     source = chain[0]
-    if type(source).__module__ == "fastload.sampler" or _is_torch_sequential(source) \
+    # torch's DistributedSampler draws from its seed and epoch (a state keeps the epoch).
+    if type(source).__module__ == "fastload.sampler" \
+            or _is_torch_class(source, "torch.utils.data.sampler", "SequentialSampler") \
+            or _is_torch_class(source, "torch.utils.data.distributed", "DistributedSampler") \
             or torch_generator_of(source) is not None \
             or isinstance(source, (range, list, tuple, np.ndarray)):
         return
@@ -268,9 +271,10 @@ def _is_plain_batch_sampler(obj: Any) -> bool:
                                                                  "torch.utils.data.sampler")
 
 
-def _is_torch_sequential(obj: Any) -> bool:
+def _is_torch_class(obj: Any, module: str, name: str) -> bool:
+    """``obj`` is exactly torch's ``module.name`` (without importing torch)."""
     cls = type(obj)
-    return cls.__module__ == "torch.utils.data.sampler" and cls.__name__ == "SequentialSampler"
+    return cls.__module__ == module and cls.__name__ == name
 
 
 def sampler_chain(loader: Any) -> list:

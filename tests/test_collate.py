@@ -608,6 +608,58 @@ def test_samples_with_autograd_history_keep_it_in_the_batch_as_torchs(torch, whi
     assert torch.equal(our_grad, their_grad)
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor", "ignore:TypedStorage is deprecated")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_quantized_tensors_are_stacked_by_torch(torch, num_workers, no_leaks):
+    # Their bytes alone (a uint8 view) lose the scale and zero point.
+    samples = [torch.quantize_per_tensor(torch.tensor([1.0, 2.0 * i]), 0.5, 1, torch.quint8)
+               for i in range(4)]
+    ours, = fastload.DataLoader(samples, batch_size=4, num_workers=num_workers)
+    theirs = torch.utils.data.default_collate(samples)
+    assert ours.is_quantized and (ours.q_scale(), ours.q_zero_point()) == (0.5, 1)
+    assert torch.equal(ours.dequantize(), theirs.dequantize())
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("kind", ["nested", "sparse"])
+def test_nested_and_sparse_tensors_are_refused_with_torchs_errors(torch, kind):
+    make = {"nested": lambda i: torch.nested.nested_tensor([torch.zeros(i + 1)]),
+            "sparse": lambda i: torch.eye(2).to_sparse()}[kind]
+    samples = [{"x": make(i)} for i in range(2)]
+    with pytest.raises(RuntimeError) as theirs:
+        torch.utils.data.default_collate(samples)
+    with pytest.raises(RuntimeError) as ours:
+        default_collate(samples)
+    assert str(ours.value) == str(theirs.value)
+    assert str(ours.value).startswith(f"Batches of {kind} tensors are not currently supported")
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.timeout(60)
+def test_a_custom_collate_returning_nested_tensors_works_with_workers(torch, no_leaks):
+    # A nested tensor is no plain strided tensor: it rides pickled, not in the ring.
+    def nest(samples):
+        return torch.nested.nested_tensor([torch.arange(float(len(s))) for s in samples])
+
+    samples = [[0] * (i + 1) for i in range(4)]
+    for num_workers in (0, 2):
+        batches = list(fastload.DataLoader(samples, batch_size=2, collate_fn=nest,
+                                           num_workers=num_workers))
+        assert [[t.tolist() for t in b.unbind()] for b in batches] == \
+            [[[0.0], [0.0, 1.0]], [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0]]]
+
+
+@pytest.mark.parametrize("first", [2.5, np.float32(2.5), np.array(2.5)], ids=repr)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_a_tensor_of_a_dtype_numpy_lacks_beside_numbers_is_named(torch, first, dtype):
+    # torch converts it with the numbers; fastload cannot promote a dtype
+    # numpy lacks, and says which sample and what to do (it crashed before).
+    samples = [first, torch.tensor(0.5, dtype=getattr(torch, dtype))]
+    with pytest.raises(TypeError, match=rf"default_collate: batch\[1\] is a torch\.{dtype} "
+                                        r"tensor, but batch\[0\] is .*e\.g\. tensor\.float"):
+        default_collate(samples)
+
+
 def test_a_number_then_a_tensor_of_several_elements_fails_as_torchs(torch):
     samples = [0, torch.tensor([1, 2])]
     with pytest.raises(TypeError, match=r"batch\[1\] is Tensor"):  # torch's type

@@ -215,6 +215,34 @@ def test_output_torch_takes_a_reversed_view_from_collate_fn(torch, num_workers):
     assert [batch.tolist() for batch in loader] == [[1.0, 0.0], [3.0, 2.0]]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_torch_gives_writable_tensors_of_read_only_arrays(torch, tmp_path, num_workers):
+    # A tensor over a read-only map crashes the process when written (torch's
+    # own loader so, with batch_size=None): a read-only array becomes a copy.
+    np.arange(8, dtype=np.float32).tofile(tmp_path / "rows.bin")
+    rows = np.memmap(tmp_path / "rows.bin", dtype=np.float32, mode="r", shape=(4, 2))
+    for kwargs in (dict(batch_size=None), dict(batch_size=2, collate_fn=lambda b: rows[:2])):
+        batch = next(iter(DataLoader(fl.ArrayDataset(rows), num_workers=num_workers,
+                                     output="torch", **kwargs)))
+        if isinstance(batch, (tuple, list)):
+            batch = batch[0]
+        batch.add_(100)
+        assert batch.min() >= 100
+    assert rows.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_output_torch_leaves_masked_arrays_as_torchs_default_convert_does(torch):
+    # torch converts numpy's own array types only: a masked array (numpy.ma)
+    # comes back as it is, mask and all, not a tensor of the hidden values.
+    samples = [{"m": np.ma.masked_array([i, 99], mask=[False, True]), "x": np.array([i])}
+               for i in range(2)]
+    ours = next(iter(DataLoader(samples, batch_size=None, output="torch")))
+    theirs = next(iter(torch.utils.data.DataLoader(samples, batch_size=None)))
+    assert type(ours["m"]) is type(theirs["m"]) is np.ma.MaskedArray
+    assert ours["m"].tolist() == theirs["m"].tolist() == [0, None]
+    assert torch.equal(ours["x"], theirs["x"])
+
+
 def test_seeded_shuffle_is_reproducible_and_differs_by_epoch_and_seed():
     ds = fl.ArrayDataset(np.arange(100))
     loader = DataLoader(ds, batch_size=10, shuffle=True, generator=7)

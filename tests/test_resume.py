@@ -451,3 +451,23 @@ def test_a_sampler_whose_order_cannot_be_saved_is_warned_about():
         warnings.simplefilter("error")
         loader.state_dict()  # once per loader
         DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=2, shuffle=True).state_dict()
+
+
+def test_torchs_distributed_sampler_resumes_without_a_warning(torch):
+    # Its order is drawn from its seed and epoch, which a state keeps.
+    def make():
+        dataset = fl.ArrayDataset(np.arange(40))
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1, seed=3)
+        sampler.set_epoch(2)
+        return DataLoader(dataset, batch_size=4, sampler=sampler)
+
+    expected = [batch[0].tolist() for batch in make()]
+    loader = make()
+    iterator = iter(loader)
+    seen = [next(iterator)[0].tolist() for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert seen + [batch[0].tolist() for batch in resumed] == expected
