@@ -626,8 +626,9 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
             dtype = np.asarray(value).dtype
         except (TypeError, ValueError):
             return None
-        # Python floats become torch's default dtype, not float64.
-        if dtype.kind in "fc":
+        # Python floats become torch's default dtype, not float64 (numpy
+        # scalars of another width keep theirs).
+        if dtype == np.float64 or dtype == np.complex128:
             dtype = _python_float_dtypes()[dtype.kind == "c"]
     elif isinstance(value, (bool, int)):
         return np.dtype(np.bool_) if isinstance(value, bool) else np.dtype(np.int64)

@@ -39,7 +39,7 @@ from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots, unlink_prefixed
+from fastload.ring import Ring, SpareSlots, forking_workers, unlink_prefixed
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload.weak_registry import WeakRegistry
@@ -249,13 +249,6 @@ class DataLoader:
         return len(self._index_sampler)
 
     def __iter__(self) -> "_BaseIter":
-        if self.pin_memory and self.pin_memory_device:
-            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
-                          f"as the device,ignore pin_memory_device='{self.pin_memory_device}'.",
-                          stacklevel=2)  # torch's words (its missing space too)
-        if self.pin_memory:
-            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
-                          "then device pinned memory won't be used.", stacklevel=2)
         # A loaded state stays pending until an epoch has begun from it: an
         # iter() that raises (a dataset's len(), a worker failing to start)
         # leaves it to the next try.
@@ -263,6 +256,7 @@ class DataLoader:
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None or self._iterator.closed:
                 self._check_worker_number_rationality()  # as torch, whenever workers start
+                self._warn_about_pin_memory()
                 self._iterator = _MultiProcessIter(self, resume)
             else:
                 self._iterator.reset(self, resume)
@@ -271,6 +265,7 @@ class DataLoader:
             return self._iterator
         if self.num_workers > 0:
             self._check_worker_number_rationality()
+        self._warn_about_pin_memory()
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
         self._pending_state = None
@@ -279,6 +274,17 @@ class DataLoader:
         self._last_iterator = weakref.ref(iterator)
         self._progress = iterator.progress
         return iterator
+
+    def _warn_about_pin_memory(self) -> None:
+        """torch's warnings, where it gives them: as an iterator is made (a
+        persistent loader's once), after the worker-count one."""
+        if self.pin_memory and self.pin_memory_device:
+            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
+                          f"as the device,ignore pin_memory_device='{self.pin_memory_device}'.",
+                          stacklevel=3)  # torch's words (its missing space too)
+        if self.pin_memory:
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=3)
 
     def __getstate__(self) -> dict:
         # A loader pickles as torch's does: the last epoch's iterator is only
@@ -675,10 +681,8 @@ class _MultiProcessIter(_BaseIter):
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
-            self._pool.start()
-        except KeyboardInterrupt:
-            self._shutdown_at_ctrl_c()
-            raise
+            with forking_workers(self._ring, self._spares):
+                self._pool.start()
         except BaseException:
             self.shutdown()
             raise
@@ -814,7 +818,7 @@ class _MultiProcessIter(_BaseIter):
         try:
             return self._next()
         except KeyboardInterrupt:
-            self._shutdown_at_ctrl_c()
+            self.shutdown()
             raise
         except WorkerDied as exc:
             self.shutdown()
@@ -831,7 +835,7 @@ class _MultiProcessIter(_BaseIter):
 
     def _next(self) -> Any:
         if self.closed or self.epoch_finished:
-            if self.inherited_from is not None:
+            if self.inherited_from is not None and not self.epoch_finished:
                 raise RuntimeError(
                     f"this DataLoader iterator came with a fork from process "
                     f"{self.inherited_from}, whose workers serve that process only; "
@@ -902,14 +906,6 @@ class _MultiProcessIter(_BaseIter):
         """Stop the workers and unlink every segment; held batches stay valid."""
         self.closed = True
         self._finalizer()
-
-    def _shutdown_at_ctrl_c(self) -> None:
-        """``shutdown`` with no grace for busy workers: they are terminated, not
-        waited for (a worker in a slow ``__getitem__``, or still importing under
-        spawn, kept the caller's ``except KeyboardInterrupt`` waiting up to 5 s;
-        torch's loader raises at once)."""
-        self._pool.exit_grace = 0.0
-        self.shutdown()
 
     @property
     def worker_pids(self) -> list[int]:

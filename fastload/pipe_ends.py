@@ -6,11 +6,12 @@ writing end of its own task pipe would never see it closed, so one whose pool
 was lost without a word would wait for tasks as long as the main process
 lives.  So the pools note each end they open here, and a worker lets go of all
 but its own (``let_go_of_inherited``), reading its copy of this registry:
-under fork the child's copy is the parent's registry at the very instant of
-the fork, whichever thread was opening or closing pipes meanwhile (a
-snapshot taken before the fork was not: another thread's pool could change
-the registry between the two).  Under spawn or forkserver nothing is
-inherited and the copy is empty.
+under fork the child's copy is the parent's registry at the instant of the
+fork.  (A snapshot taken in the parent before the fork could be changed by
+another thread's pool while it was taken, which failed ``iter()``.)  A pipe
+another thread had opened but not yet noted at that instant, or forgotten but
+not yet closed, stays open in the worker until it exits.  Under spawn or
+forkserver nothing is inherited and the copy is empty.
 """
 
 from __future__ import annotations

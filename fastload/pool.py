@@ -52,7 +52,7 @@ from fastload import pipe_ends
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
 from fastload.interrupts import signals_deferred, signals_held
-from fastload.ring import Segment, forking_workers, unlink_name
+from fastload.ring import Segment, unlink_name
 from fastload.weak_registry import WeakRegistry
 from fastload.worker import STOP_MESSAGE, worker_loop
 
@@ -273,7 +273,7 @@ class WorkerPool:
                 _workers_of_this_process.add(process)
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
-                with placement.starting(worker_id), forking_workers():
+                with placement.starting(worker_id):
                     process.start()
                 self._pids.append(process.pid)
                 # See NOTE [ Why new workers are moved off the main process's CPU ].

@@ -52,17 +52,20 @@ A process forked while the caller holds a batch maps that batch's slot too
 a segment of their own that nothing writes again, so such a child reads its
 batch intact whatever the parent does next.  A slot, though, comes back to
 the ring when the parent drops its last view, and a worker would write the
-next batch over the one the child is reading.  So at every fork but a pool's
-of its own workers (which never read the caller's batches), the slots the
-caller holds are marked, and one that comes back is retired instead (unlinked,
-unmapped here, dropped by the workers, never written again: the child's
-mapping keeps its pages), nor kept for the next epoch; a new slot takes its
-place when one is needed.
+next batch over the one the child is reading.  So at every fork the slots the
+caller holds are marked, and one that comes back is retired instead
+(unlinked, unmapped here, dropped by the workers, never written again: the
+child's mapping keeps its pages), nor kept for the next epoch; a new slot
+takes its place when one is needed.  A loader forking its own workers leaves
+its own slots alone (its workers never read its batches: the loop's last
+batch, still held as the next epoch starts, keeps its slot in circulation),
+but not another loader's, which a dataset may hold (a replay buffer).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import mmap
 import operator
@@ -72,7 +75,7 @@ import secrets
 import shutil
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -107,33 +110,35 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 # Every Ring and SpareSlots of this process, for the fork hook (NOTE [ Batches
 # a forked child holds ]).
 _holders_of_slots = WeakRegistry()
-# Threads forking a pool's workers now: those forks share no batch.
-_threads_forking_workers: set[int] = set()
+# Thread -> the holders whose slots the forks it makes now leave alone: a
+# loader starting its workers, which never read that loader's batches.
+_forks_of_workers: dict[int, tuple] = {}
 
 
-class forking_workers:
-    """The block in which a pool forks its own workers: they never read the
-    caller's batches, so its forks leave the held slots in circulation."""
-
-    __slots__ = ("_thread",)
-
-    def __enter__(self) -> None:
-        self._thread = threading.get_ident()
-        _threads_forking_workers.add(self._thread)
-
-    def __exit__(self, *exc_info: Any) -> None:
-        _threads_forking_workers.discard(self._thread)
+@contextlib.contextmanager
+def forking_workers(*holders: Any) -> Iterator[None]:
+    """The block in which a loader forks its workers: the slots of ``holders``
+    (its ring and spare slots) stay in circulation.  Another loader's batches
+    a dataset holds (a replay buffer) may be read by these workers, so those
+    are marked as at any fork."""
+    thread = threading.get_ident()
+    _forks_of_workers[thread] = holders
+    try:
+        yield
+    finally:
+        _forks_of_workers.pop(thread, None)
 
 
 def _mark_slots_held_at_fork() -> None:
-    if threading.get_ident() in _threads_forking_workers:
-        return
+    exempt = _forks_of_workers.get(threading.get_ident(), ())
     for holder in _holders_of_slots.live():
-        holder.mark_held_at_fork()
+        if not any(holder is other for other in exempt):
+            holder.mark_held_at_fork()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_mark_slots_held_at_fork)
+    os.register_at_fork(before=_mark_slots_held_at_fork,
+                        after_in_child=_forks_of_workers.clear)  # the child's threads are new
 
 
 class SharedMemoryError(RuntimeError):

@@ -5,13 +5,15 @@ Python, and CPython drops a KeyboardInterrupt raised inside one: a Ctrl-C
 landing there, as the caller drops an iterator, would be lost (NOTE [ Ctrl-C
 held over fork and teardown ] in interrupts.py).  A ``WeakRegistry`` keeps
 plain weak references, with no callback, and prunes the dead ones as objects
-are added.
+are added.  It takes no lock: ``add`` may run again inside itself (a garbage
+collection there runs a ``__del__`` that makes a loader) and an at-fork hook
+may read it while another thread was adding; it reads copies, and each dict
+operation is atomic, so neither loses an entry.
 """
 
 from __future__ import annotations
 
-import os
-import threading
+import itertools
 import weakref
 from typing import Any
 
@@ -21,28 +23,23 @@ __all__ = ["WeakRegistry"]
 class WeakRegistry:
     """Objects of this process, held weakly (for at-fork hooks to visit)."""
 
-    __slots__ = ("_refs", "_lock")
+    __slots__ = ("_refs", "_keys")
 
     def __init__(self) -> None:
-        self._refs: list[weakref.ref] = []
-        self._lock = threading.Lock()
-        if hasattr(os, "register_at_fork"):
-            # Another thread may hold the lock as this process forks: the
-            # child's copy would stay locked for good.
-            os.register_at_fork(after_in_child=self._new_lock)
-
-    def _new_lock(self) -> None:
-        self._lock = threading.Lock()
+        self._refs: dict[int, weakref.ref] = {}
+        self._keys = itertools.count()
 
     def add(self, obj: Any) -> None:
-        with self._lock:
-            self._refs = [ref for ref in self._refs if ref() is not None]
-            self._refs.append(weakref.ref(obj))
+        # Over a copy (made in C, without running Python code): a collection
+        # while the entries are walked may add to the registry.
+        for key, ref in self._refs.copy().items():
+            if ref() is None:
+                self._refs.pop(key, None)
+        self._refs[next(self._keys)] = weakref.ref(obj)
 
     def live(self) -> list:
-        """The objects still alive (the registry is read, never locked: an at-fork
-        hook may run while another thread held the lock)."""
-        return [obj for ref in self._refs if (obj := ref()) is not None]
+        """The objects still alive."""
+        return [obj for ref in self._refs.copy().values() if (obj := ref()) is not None]
 
     def clear(self) -> None:
-        self._refs = []
+        self._refs.clear()

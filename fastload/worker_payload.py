@@ -160,32 +160,37 @@ class _PayloadPickler(ForkingPickler):
         while isinstance(root.base, np.ndarray):
             root = root.base
         if not isinstance(root, np.memmap) or not isinstance(root.base, mmap.mmap) \
-                or root.filename is None or root.mode == "c" or array.size == 0 \
-                or array.dtype.hasobject:
+                or root.filename is None or array.size == 0 or array.dtype.hasobject:
             return None
         root_start = root.__array_interface__["data"][0]
-        identity = self._mapped_file(root_start)
+        mapped = self._mapped_file(root_start)
+        start = array.__array_interface__["data"][0]
+        low, high = _byte_bounds(start, array)
+        file_offset = int(root.offset) + (low - root_start)
+        if mapped is not None and mapped[2] is not None and mapped[2] < file_offset + (high - low):
+            # Its pages past the file's end are gone: reading them (to send
+            # them, or in a worker) is a SIGBUS, whatever the mode.
+            raise _truncated(root.filename, mapped[2], file_offset + (high - low))
+        if root.mode == "c":
+            return None  # its pages may differ from the file's: send the bytes
         try:
             status = os.stat(root.filename)
         except OSError:
             return None
-        if identity != (status.st_dev, status.st_ino):
+        if mapped is None or mapped[:2] != (status.st_dev, status.st_ino):
             return None  # not the file mapped any more: send the bytes
-        start = array.__array_interface__["data"][0]
-        low, high = _byte_bounds(start, array)
-        file_offset = int(root.offset) + (low - root_start)
         if status.st_size < file_offset + (high - low):
-            # Its bytes past the end are gone: reading them (to send them) is a SIGBUS.
             raise _truncated(root.filename, status.st_size, file_offset + (high - low))
         order = "C" if array.flags.c_contiguous else "F" if array.flags.f_contiguous else None
         # A writable mapping reopens as "r+": "w+" would truncate the file.
         mode = "r+" if root.mode == "w+" else root.mode
-        return (_map_again, (root.filename, identity, mode, file_offset, high - low, start - low,
-                             array.dtype, array.shape, array.strides, order,
+        return (_map_again, (root.filename, mapped[:2], mode, file_offset, high - low,
+                             start - low, array.dtype, array.shape, array.strides, order,
                              isinstance(array, np.memmap)))
 
-    def _mapped_file(self, address: int) -> tuple[int, int] | None:
-        """``(st_dev, st_ino)`` of the file mapped at ``address`` (a deleted one too)."""
+    def _mapped_file(self, address: int) -> tuple[int, int, int | None] | None:
+        """``(st_dev, st_ino, st_size)`` of the file mapped at ``address`` (a
+        deleted one too; its size None where /proc does not show the file)."""
         if self._mappings is None:
             self._mappings = []
             with open("/proc/self/maps") as maps:
@@ -201,10 +206,10 @@ class _PayloadPickler(ForkingPickler):
                     # The file itself, as stat() on its path would see it
                     # (overlayfs shows another device and inode in maps).
                     status = os.stat(f"/proc/self/map_files/{address_range}")
-                    return status.st_dev, status.st_ino
+                    return status.st_dev, status.st_ino, status.st_size
                 except OSError:
                     major, minor = (int(x, 16) for x in device.split(":"))
-                    return os.makedev(major, minor), inode
+                    return os.makedev(major, minor), inode, None
         return None
 
 

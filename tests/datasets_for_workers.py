@@ -75,6 +75,28 @@ class CallLoggingDataset(SlowDataset):
         return super().__getitem__(i)
 
 
+class CompletionLoggingDataset(SlowDataset):
+    """``SlowDataset`` that appends ``start i`` to the file ``log`` as it starts
+    on sample ``i`` and ``done i`` once it has made it."""
+
+    def __init__(self, log: str, n: int = 64, delay: float = 0.2) -> None:
+        super().__init__(n, delay)
+        self.log = log
+
+    def _write(self, line: str) -> None:
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, f"{line}\n".encode())
+        finally:
+            os.close(fd)
+
+    def __getitem__(self, i):
+        self._write(f"start {i}")
+        sample = super().__getitem__(i)
+        self._write(f"done {i}")
+        return sample
+
+
 def logged_calls(log: str) -> list[int]:
     with open(log) as handle:
         return sorted(int(line) for line in handle)

@@ -1372,7 +1372,11 @@ def test_python_floats_among_other_numbers_take_torchs_default_dtype(torch, defa
     # have changed (torch.set_default_dtype): a process that imported torch
     # gets that dtype from fastload's collate too.
     batches = [[1, 2.5], [np.int64(1), 2.5], [True, 2.5], [1, 2j], [np.float32(1), 2.5],
-               [np.zeros(2, np.int32), [1.5, 2]], [(1, 2.5), (3, 4)]]
+               [np.zeros(2, np.int32), [1.5, 2]], [(1, 2.5), (3, 4)],
+               # numpy scalars in a list keep their own dtype
+               [np.zeros(2, np.float16), [np.float16(1.5), np.float16(2)]],
+               [np.zeros(2, np.float16), [np.float32(1.5), np.float32(2)]],
+               [np.zeros(2, np.complex64), [np.complex64(1), np.complex64(2)]]]
     before = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, default))
     try:

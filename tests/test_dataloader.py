@@ -409,20 +409,27 @@ def test_output_validation_and_torch_output(torch):
     assert batch["name"] == ["sample-0", "sample-1"]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 3, "persistent_workers": True}],
+                         ids=["no workers", "3 persistent workers"])
 @pytest.mark.parametrize("device", ["", "cuda"])
-def test_pin_memory_warns_as_torch_and_changes_nothing(torch, device):
-    def warnings_of(loader):
+def test_pin_memory_warns_as_torch_and_changes_nothing(torch, device, workers, no_leaks):
+    # The same warnings in the same order (after the worker-count one, with 3
+    # workers on this 2-CPU machine), as an iterator is made: a persistent
+    # loader's once, not every epoch.
+    def warnings_of(make_loader, dataset):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            batches = list(loader)
-        return [(w.category, str(w.message), w.filename) for w in caught], batches
+            loader = make_loader(dataset, batch_size=3, pin_memory=True,
+                                 pin_memory_device=device, **workers)
+            epochs = [list(loader) for _ in range(3)]
+        return [(w.category, str(w.message), w.filename) for w in caught], epochs[-1]
 
-    theirs, _ = warnings_of(torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(torch.arange(6)), batch_size=3, pin_memory=True,
-        pin_memory_device=device))
-    ours, batches = warnings_of(DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=3,
-                                           pin_memory=True, pin_memory_device=device))
-    assert [w[:2] for w in ours] == [w[:2] for w in theirs] and len(ours) == 1 + bool(device)
+    theirs, _ = warnings_of(torch.utils.data.DataLoader,
+                            torch.utils.data.TensorDataset(torch.arange(6)))
+    ours, batches = warnings_of(DataLoader, fl.ArrayDataset(np.arange(6)))
+    assert [w[:2] for w in ours] == [w[:2] for w in theirs]
+    assert len(ours) == (1 + bool(device)) * (1 if workers else 3) + 2 * bool(workers)
     assert {w[2] for w in ours} == {__file__}
     assert [b[0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
 

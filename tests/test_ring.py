@@ -8,7 +8,6 @@ import copy
 import gc
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -718,6 +717,40 @@ def test_a_batch_a_forked_child_holds_is_never_written_again(no_leaks, persisten
     del loader, iterator
 
 
+class _ReplayBuffer(fl.Dataset):
+    """Batches of another loader, kept as samples."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+@pytest.mark.timeout(60)
+def test_another_loaders_batches_a_dataset_holds_stay_intact_in_its_workers(no_leaks):
+    # A loader forking its workers leaves only its own slots in circulation:
+    # loader A's batches in B's dataset are read by B's (persistent) workers
+    # after the main process has let go of them and A has gone on.
+    dataset = SquareDataset(100 * 4, (3, 16, 16))
+    expected = list(fl.DataLoader(dataset, batch_size=4))
+    a_iterator = iter(fl.DataLoader(dataset, batch_size=4, num_workers=2,
+                                    persistent_workers=True, multiprocessing_context="fork"))
+    replay = _ReplayBuffer([next(a_iterator)[0] for _ in range(2)])
+    b_loader = fl.DataLoader(replay, batch_size=None, num_workers=1, persistent_workers=True,
+                             multiprocessing_context="fork")
+    assert len(list(b_loader)) == 2  # B's worker is forked now, with A's batches
+    replay.items = [item.copy() for item in replay.items]  # the main process lets go
+    for _ in range(20):
+        next(a_iterator)  # A's ring reuses the slots it gets back, if any
+    for b, images in enumerate(b_loader):
+        np.testing.assert_array_equal(images, expected[b][0])
+    del a_iterator, b_loader
+
+
 @pytest.mark.timeout(60)
 def test_a_copy_of_a_loader_keeps_no_slots_of_the_original(no_leaks):
     dataset = SquareDataset(12 * 4, (2, 4))
@@ -926,9 +959,8 @@ def test_holding_more_batches_than_the_open_file_limit(tmp_path, no_leaks, hard)
     # towards the hard one; at the hard limit, an error that says what to change.
     script = tmp_path / "fd_limit.py"
     script.write_text(_FD_LIMIT_SCRIPT.format(repo=REPO_DIR))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)))
+    proc = subprocess.Popen(["prlimit", f"--nofile=64:{hard}", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     no_leaks.watch_pid(proc.pid)
     out, err = proc.communicate(timeout=50)
     if hard > 64:

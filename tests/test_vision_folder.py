@@ -169,6 +169,7 @@ def test_the_tables_concatenate_and_repeat_into_lists_as_torchvisions_lists_do(l
     assert [("x.jpg", 0)] + ds.samples == [("x.jpg", 0)] + samples
     assert ds.targets + [7] == targets + [7] and [7] + ds.targets == [7] + targets
     assert ds.imgs * 2 == samples * 2 and 2 * ds.targets == targets * 2
+    assert ds.targets * np.int64(2) == targets * 2  # as a list takes it (not numpy's product)
     ds.samples += other.samples[:2]  # rebinds, as the sum is a new list: assigned whole
     assert isinstance(ds.samples, SampleTable) and ds.samples == samples + samples[:2]
     assert list(ds.targets) == targets + targets[:2] and other.samples == samples

@@ -99,10 +99,13 @@ def _truncate(path, size):
         file.truncate(size)
 
 
-def test_a_file_truncated_before_pickling_fails_at_iter_naming_it(tmp_path, values, no_leaks):
+@pytest.mark.parametrize("mode", ["r", "c"])
+def test_a_file_truncated_before_pickling_fails_at_iter_naming_it(tmp_path, values, no_leaks,
+                                                                  mode):
     # Its pages past the new end are gone: sending them by value would be a
-    # SIGBUS in the main process (torch's dies so), mapping them a SIGBUS in a worker.
-    array = _memmap(tmp_path, values)[1000:]
+    # SIGBUS in the main process (torch's dies so), mapping them a SIGBUS in a
+    # worker; a copy-on-write map ("c") is sent by value, so the same.
+    array = _memmap(tmp_path, values, mode=mode)[1000:]
     _truncate(tmp_path / "x.dat", 100)
     loader = fl.DataLoader(fl.ArrayDataset(array), batch_size=64, num_workers=2,
                            multiprocessing_context="spawn")

@@ -65,9 +65,10 @@ class _ReadOnlyRows:
         return NotImplemented
 
     def __mul__(self, times: Any) -> list:
-        if isinstance(times, int):
-            return list(self) * times
-        return NotImplemented
+        try:
+            return list(self) * operator.index(times)  # an int, a numpy integer
+        except TypeError:
+            return NotImplemented
 
     __rmul__ = __mul__
 
