@@ -234,13 +234,13 @@ def _torch_must_stack(samples: Sequence, path: tuple) -> bool:
         values = _core.collect_leaf_objects(list(samples), path)
     except (KeyError, IndexError, TypeError):
         return False  # the fill names the sample that lacks it
-    torch = sys.modules.get("torch")  # loaded: the first sample holds a tensor there
-    for value in values:
-        if _is_torch_tensor(value) and (
-                value.requires_grad or value.is_quantized or value.is_nested
-                or value.device.type != "cpu" or value.layout != torch.strided):
-            return True
-    return False
+    # The kind of tensor, from the first (torch.stack refuses a mix of
+    # kinds); autograd history, from any (0.1 us a sample: this runs per batch).
+    torch, first = sys.modules.get("torch"), values[0]
+    if _is_torch_tensor(first) and (first.is_quantized or first.is_nested or not first.is_cpu
+                                    or first.layout is not torch.strided):
+        return True
+    return any(getattr(value, "requires_grad", False) for value in values)
 
 
 def _same_key_types(keys: list, other_keys: list) -> bool:
