@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import math
 import multiprocessing
+import multiprocessing.util
 import numbers
 import os
 import warnings
@@ -34,12 +35,13 @@ from typing import Any, Callable, Iterator, NoReturn
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import is_iterable_dataset
 from fastload.fetch import BatchSource
+from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots, forking_workers, unlink_prefixed
+from fastload.ring import Ring, SpareSlots, unlink_prefixed
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload.weak_registry import WeakRegistry
@@ -579,6 +581,33 @@ def _finish_cut_short_teardowns() -> None:
 atexit.register(_finish_cut_short_teardowns)
 
 
+def _tear_down_as_multiprocessing_exits() -> None:
+    """Finish this process's teardowns from multiprocessing's exit function.
+
+    A child that multiprocessing forked ends with ``os._exit`` after that
+    function, running no ``atexit`` handler, so no iterator finalizer: and the
+    function terminates the child's daemonic processes, the loader's workers,
+    which then see their main process alive and leave the ring to it; its
+    segments were left in /dev/shm.  Registered once per process (a forked
+    child starts with multiprocessing's list of finalizers emptied); priority
+    0 runs before the daemonic processes are terminated.
+    """
+    for _, (owner_pid, finalizer, _) in list(_teardowns_due.items()):
+        if owner_pid == os.getpid():
+            finalizer()
+    _finish_cut_short_teardowns()
+
+
+_exit_finalizer_of_pid: int | None = None
+
+
+def _tear_down_before_multiprocessing_exits() -> None:
+    global _exit_finalizer_of_pid
+    if _exit_finalizer_of_pid != os.getpid():
+        _exit_finalizer_of_pid = os.getpid()
+        multiprocessing.util.Finalize(None, _tear_down_as_multiprocessing_exits, exitpriority=0)
+
+
 def _checked_prefetch_factor(prefetch_factor: Any) -> int:
     """Batches each worker may have on its way; checked at ``iter()``, where torch checks it.
 
@@ -677,6 +706,7 @@ class _MultiProcessIter(_BaseIter):
         self._finalizer = weakref.finalize(self, _release_workers_and_ring, self.owner_pid,
                                            self._pool, self._ring, self._tasks)
         _teardowns_due[self._ring] = (self.owner_pid, self._finalizer, self._pool)
+        _tear_down_before_multiprocessing_exits()
         _worker_iterators.add(self)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).

@@ -10,9 +10,12 @@ from __future__ import annotations
 import _signal
 import _thread
 import contextlib
+import os
 import signal
 import threading
 from typing import Any, Iterator
+
+from fastload.forks import forked_as_worker
 
 __all__ = ["signals_held", "signals_deferred", "restore_callers_handlers"]
 
@@ -177,6 +180,27 @@ def restore_callers_handlers() -> None:
     callers.pop(signal.SIGINT, None)  # workers ignore Ctrl-C (the main process decides)
     for signum, handler in callers.items():
         signal.signal(signum, handler)
+
+
+def _put_back_callers_handlers_in_a_callers_fork() -> None:
+    """In a child the caller forked (from another thread) while a block held
+    the signals: that block never ends here, so its recording handlers would
+    stay for good (Ctrl-C never raised, the caller's handlers never ran).
+    Every handler, Ctrl-C's too, is the caller's again.  A loader's own worker
+    puts them back itself (``restore_callers_handlers``), Ctrl-C's aside."""
+    if forked_as_worker() or not _holding:
+        return
+    callers: dict = {}
+    for previous in _holding:
+        for signum, handler in previous.items():
+            callers.setdefault(signum, handler)
+    _holding.clear()
+    for signum, handler in callers.items():
+        _signal.signal(signum, handler)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_put_back_callers_handlers_in_a_callers_fork)
 
 
 def _restore(handlers: dict) -> None:

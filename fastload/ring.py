@@ -65,7 +65,6 @@ but not another loader's, which a dataset may hold (a replay buffer).
 from __future__ import annotations
 
 import collections
-import contextlib
 import errno
 import mmap
 import operator
@@ -73,12 +72,12 @@ import os
 import resource  # here, not when needed: loading it takes a descriptor
 import secrets
 import shutil
-import threading
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from fastload.forks import workers_being_forked
 from fastload.weak_registry import WeakRegistry
 
 try:
@@ -110,35 +109,17 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 # Every Ring and SpareSlots of this process, for the fork hook (NOTE [ Batches
 # a forked child holds ]).
 _holders_of_slots = WeakRegistry()
-# Thread -> the holders whose slots the forks it makes now leave alone: a
-# loader starting its workers, which never read that loader's batches.
-_forks_of_workers: dict[int, tuple] = {}
-
-
-@contextlib.contextmanager
-def forking_workers(*holders: Any) -> Iterator[None]:
-    """The block in which a loader forks its workers: the slots of ``holders``
-    (its ring and spare slots) stay in circulation.  Another loader's batches
-    a dataset holds (a replay buffer) may be read by these workers, so those
-    are marked as at any fork."""
-    thread = threading.get_ident()
-    _forks_of_workers[thread] = holders
-    try:
-        yield
-    finally:
-        _forks_of_workers.pop(thread, None)
 
 
 def _mark_slots_held_at_fork() -> None:
-    exempt = _forks_of_workers.get(threading.get_ident(), ())
+    exempt = workers_being_forked() or ()
     for holder in _holders_of_slots.live():
         if not any(holder is other for other in exempt):
             holder.mark_held_at_fork()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_mark_slots_held_at_fork,
-                        after_in_child=_forks_of_workers.clear)  # the child's threads are new
+    os.register_at_fork(before=_mark_slots_held_at_fork)
 
 
 class SharedMemoryError(RuntimeError):
@@ -483,6 +464,9 @@ class Ring:
                 if self._slots[slot_id].segment is not None and slot_id not in self._held_at_fork}
         # Those leases' references land in this deque when they die: it is the spares' now.
         spares.await_leases(self._dead_leases, held)
+        # A fork (another thread's) since ``held`` was made marked them here only.
+        spares.mark_held_at_fork([lease for lease, slot_id in self._lease_slots.items()
+                                  if slot_id in self._held_at_fork])
         self._lease_slots, self._dead_leases = {}, collections.deque()
 
     # -- filled slots --------------------------------------------------------
@@ -618,10 +602,12 @@ class SpareSlots:
                 awaited.append((dead, held))
         self._awaited = awaited
 
-    def mark_held_at_fork(self) -> None:
-        """This process forks: the slots of batches the caller holds are not kept."""
-        self._held_at_fork.update(lease for _, held in list(self._awaited) for lease in list(held)
-                                  if lease() is not None)
+    def mark_held_at_fork(self, leases: list | None = None) -> None:
+        """This process forks: the slots of batches the caller holds (or of
+        ``leases``, a ring's marked ones) are not kept."""
+        if leases is None:
+            leases = [lease for _, held in list(self._awaited) for lease in list(held)]
+        self._held_at_fork.update(lease for lease in leases if lease() is not None)
 
     def take(self) -> list[Segment]:
         self._collect_released()

@@ -1427,6 +1427,28 @@ def test_next_on_an_iterator_a_fork_brought_raises_and_leaves_the_parents_epoch_
     assert [labels.tolist() for _, labels in iterator] == expected[1:]
 
 
+_kept_by_the_child: list = []
+
+
+def _leave_a_loader_running():
+    loader = fl.DataLoader(SquareDataset(40, (2,)), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    _kept_by_the_child.append(loader)  # alive when the child returns
+    assert len(list(loader)) == 10
+
+
+@pytest.mark.timeout(60)
+def test_a_multiprocessing_child_ending_with_a_loader_alive_leaves_no_segment(no_leaks):
+    # multiprocessing ends a child it forked with os._exit, after its own exit
+    # function (which terminates the child's daemonic processes, the loader's
+    # workers) but running no atexit handler, so no iterator finalizer.
+    child = multiprocessing.get_context("fork").Process(target=_leave_a_loader_running)
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert [n for n in shm_entries() if n.startswith(f"fl_{child.pid}_")] == []
+
+
 @pytest.mark.timeout(60)
 def test_an_exhausted_iterator_a_fork_brought_still_stops(no_leaks):
     iterator = iter(fl.DataLoader(SquareDataset(8, (2,)), batch_size=4, num_workers=2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -137,3 +138,27 @@ def test_forked_workers_have_the_callers_handlers_not_the_recording_ones():
         assert list(loader) == [["callers_usr1", str(int(signal.SIG_IGN))]] * 2
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.timeout(30)
+def test_a_child_forked_by_another_thread_while_signals_are_held_gets_the_callers_handlers(
+        handlers):
+    # The block never ends in that child (its thread is not there): its
+    # recording handlers would stay, Ctrl-C never raised, the caller's never run.
+    from forking import fork_child
+
+    installed = signal.getsignal(signal.SIGUSR1)
+
+    def child():
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGUSR1) is installed
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+
+    status = []
+    with signals_held():
+        forker = threading.Thread(target=lambda: status.append(fork_child(child)))
+        forker.start()
+        forker.join(20)
+    assert status == [0]

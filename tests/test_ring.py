@@ -310,6 +310,34 @@ def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
     assert spares.take() == []  # taken once
 
 
+@pytest.mark.parametrize("when", ["before the hand-over", "during it"])
+def test_a_slot_held_at_a_fork_is_not_kept_for_the_next_epoch(prefix, monkeypatch, when):
+    # NOTE [ Batches a forked child holds ]: another thread may fork at any
+    # instant, also while the ring hands its slots over to the spares.
+    ring = Ring(in_flight=2, prefix=prefix)
+    writer = SlotWriter()
+    spares = ringmod.SpareSlots()
+    slots = [_fill(ring, writer, 5000, i) for i in range(2)]
+    held = ring.lease(slots[0])
+    ring.release(slots[1])
+    if when == "before the hand-over":
+        ringmod._mark_slots_held_at_fork()  # what the fork hook runs
+    else:
+        await_leases = ringmod.SpareSlots.await_leases
+
+        def forked_meanwhile(self, *args):
+            ringmod._mark_slots_held_at_fork()
+            await_leases(self, *args)
+
+        monkeypatch.setattr(ringmod.SpareSlots, "await_leases", forked_meanwhile)
+    ring.hand_over(spares)
+    ring.close()
+    assert len(spares.take()) == 1  # the free slot is kept
+    del held  # the parent lets go; the child still reads it
+    gc.collect()
+    assert spares.take() == [], "a slot a forked child holds was kept for the next epoch's workers"
+
+
 def test_dropping_a_batch_runs_no_python_code(prefix):
     # Python code run where the caller drops a batch is where a Ctrl-C can be
     # lost (CPython drops a KeyboardInterrupt raised in a __del__): the ring
