@@ -234,8 +234,9 @@ def _torch_must_stack(samples: Sequence, path: tuple) -> bool:
         values = _core.collect_leaf_objects(list(samples), path)
     except (KeyError, IndexError, TypeError):
         return False  # the fill names the sample that lacks it
-    # The kind of tensor, from the first (torch.stack refuses a mix of
-    # kinds); autograd history, from any (0.1 us a sample: this runs per batch).
+    # The kind of tensor, from the first (a later one of another kind fails
+    # the copy, which then raises torch.stack's error: see _fill_tensors);
+    # autograd history, from any (0.1 us a sample: this runs per batch).
     torch, first = sys.modules.get("torch"), values[0]
     if _is_torch_tensor(first) and (first.is_quantized or first.is_nested or not first.is_cpu
                                     or first.layout is not torch.strided):
@@ -626,9 +627,9 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
             dtype = np.asarray(value).dtype
         except (TypeError, ValueError):
             return None
-        # Python floats become torch's default dtype, not float64 (numpy
-        # scalars of another width keep theirs).
-        if dtype == np.float64 or dtype == np.complex128:
+        # Python floats become torch's default dtype, not float64; numpy
+        # scalars keep their width (a float64 one makes the list float64).
+        if (dtype == np.float64 or dtype == np.complex128) and not _holds_numpy_double(value):
             dtype = _python_float_dtypes()[dtype.kind == "c"]
     elif isinstance(value, (bool, int)):
         return np.dtype(np.bool_) if isinstance(value, bool) else np.dtype(np.int64)
@@ -637,6 +638,14 @@ def _as_tensor_dtype(value: Any) -> np.dtype | None:
     else:
         return None
     return dtype if dtype.kind in "biufc" else None
+
+
+def _holds_numpy_double(value: Any) -> bool:
+    """Whether a (nested) list holds a numpy float64 or complex128, scalar or array."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds_numpy_double(item) for item in value)
+    return isinstance(value, (np.ndarray, np.generic)) and value.dtype in (np.float64,
+                                                                         np.complex128)
 
 
 def _is_number(value: Any) -> bool:
@@ -742,21 +751,33 @@ def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
     values = _core.collect_leaf_objects(list(samples), leaf.path)
     _check_all_tensors(values, leaf.path)
     first = format_path(leaf.path, 0)
-    dtype = values[0].dtype
-    for value in values[1:]:
-        if value.dtype != dtype:
-            dtype = torch.promote_types(dtype, value.dtype)
+    try:
+        dtype = values[0].dtype
+        for value in values[1:]:
+            if value.dtype != dtype:
+                dtype = torch.promote_types(dtype, value.dtype)
+        shapes = [tuple(value.shape) for value in values]
+    except Exception:
+        # A later sample's tensor of another kind than the first's (quantized,
+        # nested, on the meta device...): torch.stack's own error.
+        torch.stack(values)
+        raise
     promoted = _numpy_dtype_of(dtype)
     if promoted != leaf.dtype or promoted.metadata != leaf.dtype.metadata:
         leaf.dtype = promoted
         return False
     row_shape = leaf.shape[1:]
     for i, value in enumerate(values):
-        if tuple(value.shape) != row_shape:
+        if shapes[i] != row_shape:
             raise RuntimeError(f"default_collate: {format_path(leaf.path, i)}: shape "
-                               f"{tuple(value.shape)} != {row_shape} of {first}; stacked "
+                               f"{shapes[i]} != {row_shape} of {first}; stacked "
                                f"tensors must all have the same shape")
-        out[i] = tensor_as_numpy(value.to(dtype))
+    try:
+        for i, value in enumerate(values):
+            out[i] = tensor_as_numpy(value.to(dtype))
+    except Exception:
+        torch.stack(values)  # as above
+        raise
     return True
 
 

@@ -279,14 +279,15 @@ class DataLoader:
 
     def _warn_about_pin_memory(self) -> None:
         """torch's warnings, where it gives them: as an iterator is made (a
-        persistent loader's once), after the worker-count one."""
+        persistent loader's once), after the worker-count one; from a line of
+        the loader's, as torch's come from its own, so Python shows each once."""
         if self.pin_memory and self.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
                           f"as the device,ignore pin_memory_device='{self.pin_memory_device}'.",
-                          stacklevel=3)  # torch's words (its missing space too)
+                          stacklevel=2)  # torch's words (its missing space too)
         if self.pin_memory:
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
-                          "then device pinned memory won't be used.", stacklevel=3)
+                          "then device pinned memory won't be used.", stacklevel=2)
 
     def __getstate__(self) -> dict:
         # A loader pickles as torch's does: the last epoch's iterator is only

@@ -466,7 +466,7 @@ class Ring:
         spares.await_leases(self._dead_leases, held)
         # A fork (another thread's) since ``held`` was made marked them here only.
         spares.mark_held_at_fork([lease for lease, slot_id in self._lease_slots.items()
-                                  if slot_id in self._held_at_fork])
+                                  if slot_id in self._held_at_fork and lease in held])
         self._lease_slots, self._dead_leases = {}, collections.deque()
 
     # -- filled slots --------------------------------------------------------

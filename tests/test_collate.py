@@ -649,6 +649,22 @@ def test_a_custom_collate_returning_nested_tensors_works_with_workers(torch, no_
             [[[0.0], [0.0, 1.0]], [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0]]]
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor",
+                            "ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("kind", ["meta", "quantized", "nested"])
+def test_a_later_tensor_of_another_kind_fails_as_torch_stack_does(torch, kind):
+    make = {"meta": lambda: torch.zeros(2, device="meta"),
+            "quantized": lambda: torch.quantize_per_tensor(torch.zeros(2), 0.5, 1, torch.quint8),
+            "nested": lambda: torch.nested.nested_tensor([torch.zeros(2)])}[kind]
+    samples = [torch.zeros(2), make()]
+    with pytest.raises(Exception) as theirs:
+        torch.utils.data.default_collate(samples)
+    with pytest.raises(Exception) as ours:
+        default_collate(samples)
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value) == str(theirs.value)
+
+
 @pytest.mark.parametrize("first", [2.5, np.float32(2.5), np.array(2.5)], ids=repr)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
 def test_a_tensor_of_a_dtype_numpy_lacks_beside_numbers_is_named(torch, first, dtype):
@@ -1376,7 +1392,10 @@ def test_python_floats_among_other_numbers_take_torchs_default_dtype(torch, defa
                # numpy scalars in a list keep their own dtype
                [np.zeros(2, np.float16), [np.float16(1.5), np.float16(2)]],
                [np.zeros(2, np.float16), [np.float32(1.5), np.float32(2)]],
-               [np.zeros(2, np.complex64), [np.complex64(1), np.complex64(2)]]]
+               [np.zeros(2, np.complex64), [np.complex64(1), np.complex64(2)]],
+               [np.zeros(2, np.float32), [np.float64(0.1), np.float64(0.2)]],
+               [np.zeros(2, np.float32), [np.complex128(1), np.complex128(2)]],
+               [np.zeros(2, np.float16), [np.float64(0.1), 0.2]]]
     before = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, default))
     try:

@@ -336,6 +336,7 @@ def test_a_slot_held_at_a_fork_is_not_kept_for_the_next_epoch(prefix, monkeypatc
     del held  # the parent lets go; the child still reads it
     gc.collect()
     assert spares.take() == [], "a slot a forked child holds was kept for the next epoch's workers"
+    assert spares._held_at_fork == set()  # nothing left to watch for
 
 
 def test_dropping_a_batch_runs_no_python_code(prefix):
