@@ -167,19 +167,21 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
 _holding: list[dict] = []
 
 
-def restore_callers_handlers() -> None:
-    """In a forked worker, first thing: put back the handlers the blocks in
-    progress in the main process had replaced with recording ones when it
-    forked (the outermost block's are the caller's), as a forked child
-    inherits the caller's handlers from torch's loader too; but SIGINT's."""
+def restore_callers_handlers(but_ctrl_c: bool = True) -> None:
+    """In a forked child, first thing: put back the handlers the blocks in
+    progress in the parent had replaced with recording ones when it forked
+    (the outermost block's are the caller's), as a forked child inherits the
+    caller's handlers from torch's loader too.  A worker keeps Ctrl-C's
+    recorded (``but_ctrl_c``): it ignores Ctrl-C next (the main process decides)."""
     callers: dict = {}
     for previous in _holding:
         for signum, handler in previous.items():
             callers.setdefault(signum, handler)
     _holding.clear()
-    callers.pop(signal.SIGINT, None)  # workers ignore Ctrl-C (the main process decides)
+    if but_ctrl_c:
+        callers.pop(signal.SIGINT, None)
     for signum, handler in callers.items():
-        signal.signal(signum, handler)
+        _signal.signal(signum, handler)
 
 
 def _put_back_callers_handlers_in_a_callers_fork() -> None:
@@ -188,15 +190,8 @@ def _put_back_callers_handlers_in_a_callers_fork() -> None:
     stay for good (Ctrl-C never raised, the caller's handlers never ran).
     Every handler, Ctrl-C's too, is the caller's again.  A loader's own worker
     puts them back itself (``restore_callers_handlers``), Ctrl-C's aside."""
-    if forked_as_worker() or not _holding:
-        return
-    callers: dict = {}
-    for previous in _holding:
-        for signum, handler in previous.items():
-            callers.setdefault(signum, handler)
-    _holding.clear()
-    for signum, handler in callers.items():
-        _signal.signal(signum, handler)
+    if not forked_as_worker():
+        restore_callers_handlers(but_ctrl_c=False)
 
 
 if hasattr(os, "register_at_fork"):
