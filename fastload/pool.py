@@ -520,16 +520,28 @@ def _reap_exiting() -> None:
     for every daemonic process.)
     """
     now, pid = time.monotonic(), os.getpid()
-    pending = []
-    for owner, deadline, processes in _exiting:
-        if owner != pid:
-            continue  # inherited by a forked child: not its processes
-        alive = [p for p in processes if running(p)]  # reaps the exited ones
-        if alive and now >= deadline:
-            _stop(alive)  # their grace is over
-        elif alive:
-            pending.append((owner, deadline, alive))
-    _exiting[:] = pending
+    # Entry by entry, over a copy: another call can run in the middle of this
+    # one (a loader's teardown that the collector runs at any allocation here,
+    # or another thread's pool), and writing back the list as this call saw it
+    # dropped what that call left or added: those workers were never reaped
+    # (a finished epoch's two, still there once their loader was gone).
+    for entry in list(_exiting):
+        owner, deadline, processes = entry
+        if owner == pid:  # else inherited by a forked child: not its processes
+            processes[:] = [p for p in list(processes) if running(p)]  # reaps the exited ones
+            if processes and now < deadline:
+                continue
+            _stop(processes)  # their grace is over
+        _drop_exiting(entry)
+
+
+def _drop_exiting(entry: tuple) -> None:
+    """Remove ``entry`` itself (not an equal one) from ``_exiting``, if a
+    nested call has not already."""
+    for index, listed in enumerate(_exiting):
+        if listed is entry:
+            del _exiting[index]
+            return
 
 
 def join_exiting_workers() -> None:
@@ -556,7 +568,7 @@ def _reap(processes: list, grace: float, interrupted: list) -> None:
     unlinked its names: even at a Ctrl-C they are stopped, not abandoned.)
     """
     deadline = time.monotonic() + grace
-    for process in processes:
+    for process in list(processes):  # a nested _reap_exiting may shorten the list
         while not interrupted and running(process) and time.monotonic() < deadline:
             # In steps: the Ctrl-C only records itself (the wait runs held).
             process.join(timeout=min(_INTERRUPT_CHECK, max(0.0, deadline - time.monotonic())))
@@ -571,7 +583,7 @@ def _stop(processes: list) -> None:
     the main process is being terminated with them (see
     ``worker._unlink_ring_when_terminated``), which would only slow this down.
     """
-    for process in processes:
+    for process in list(processes):
         if running(process):
             process.kill()
             process.join(timeout=1.0)

@@ -892,6 +892,37 @@ def test_workers_are_reaped_when_a_loop_left_by_the_last_batchs_error_is_dropped
     assert _children_among(pids) == [], "workers left unreaped (zombies)"
 
 
+def test_reaping_run_again_in_its_own_middle_loses_no_worker(monkeypatch):
+    # _reap_exiting can run inside itself: the collector runs a dropped
+    # loader's teardown at any allocation (join_exiting_workers), and another
+    # thread's pool reaps or adds workers at any bytecode.  What that inner
+    # call keeps, and what is added meanwhile, must still be listed after the
+    # outer call: those workers are reaped by nobody else (CI once found a
+    # finished epoch's two workers unreaped after their loader was gone).
+    from fastload import pool
+
+    class Worker:
+        exited = False
+
+    first, second, third = Worker(), Worker(), Worker()
+    soon = time.monotonic() + 60
+    kept = (os.getpid(), soon, [second])
+    added = (os.getpid(), soon, [third])
+
+    def running(process):
+        if process is first and not first.exited:
+            first.exited = True        # it exits meanwhile
+            pool._reap_exiting()       # the inner call: drops it, keeps `kept`
+            pool._exiting.append(added)  # another pool's epoch ends
+        return not process.exited
+
+    monkeypatch.setattr(pool, "running", running)
+    monkeypatch.setattr(pool, "_exiting", [(os.getpid(), soon, [first]), kept])
+    pool._reap_exiting()
+    assert pool._exiting == [kept, added]
+    assert kept[2] == [second] and added[2] == [third]
+
+
 @pytest.mark.timeout(60)
 def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatch, no_leaks):
     from datasets_for_workers import linger_at_exit
