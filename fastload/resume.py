@@ -332,8 +332,12 @@ def seed_streams(loader: Any) -> list[tuple[str, Any]]:
     take("generator", loader._seed_source, loader._seed_source)
     for place, sampler in sampler_places(loader):
         source = getattr(sampler, "_seed_source", None)
-        if isinstance(source, SeedSource) and all(source is not t for t in taken):
-            take(place, source, source)
+        if isinstance(source, SeedSource):
+            # fastload's sampler: its torch.Generator, if it was given one, is
+            # the source's stream, snapshotted through the source.
+            if all(source is not t for t in taken):
+                take(place, source, source)
+            continue
         generator = torch_generator_of(sampler)
         if generator is not None and all(generator is not t for t in taken):
             take(place, TorchGeneratorState(generator), generator)

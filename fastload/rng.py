@@ -39,17 +39,22 @@ class SeedSource:
     PCG64 stream; a ``numpy.random.Generator`` is used as given (so its state
     advances, as a torch.Generator's does); a ``torch.Generator`` is drawn from
     with torch's own RNG.
+
+    ``given`` is the ``generator`` argument as the caller passed it (to the
+    source this one shares its stream with, if it was built from one).
     """
 
-    __slots__ = ("_numpy", "_torch")
+    __slots__ = ("_numpy", "_torch", "given")
 
     def __init__(self, generator: Any = None) -> None:
         self._numpy: np.random.Generator | None = None
         self._torch = None
+        self.given = generator
         if isinstance(generator, SeedSource):
             # Share the stream: a DataLoader's sampler and its worker seeds
             # then draw from one generator, as torch's do.
             self._numpy, self._torch = generator._numpy, generator._torch
+            self.given = generator.given
         elif generator is None:
             entropy = int.from_bytes(os.urandom(16), "little")
             self._numpy = np.random.Generator(np.random.PCG64(entropy))

@@ -77,12 +77,15 @@ class _SeededSampler(Sampler[int]):
 
     @property
     def generator(self) -> Any:
-        return self._generator
+        # The caller's generator (None if none), as torch's samplers keep it;
+        # also when the stream is a DataLoader's (shuffle=True), passed in to
+        # be shared.  Libraries seed or snapshot it (accelerate's
+        # prepare_data_loader: ``sampler.generator.manual_seed``).
+        return self._seed_source.given
 
     @generator.setter
     def generator(self, value: Any) -> None:
-        # Reassigning the generator (as torch allows) restarts the stream from it.
-        self._generator = value
+        # Reassigning the generator (as torch allows) starts the stream from it.
         self._seed_source = SeedSource(value)
 
     def _epoch_indices(self) -> np.ndarray:

@@ -10,6 +10,7 @@ from batch_compare import assert_same, assert_same_as_torch
 
 import fastload as fl
 from fastload.dataloader import DataLoader
+from fastload.rng import SeedSource
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -266,6 +267,59 @@ def test_numpy_generator_is_accepted_and_advanced():
                                                       generator=np.random.default_rng(5))])
     np.testing.assert_array_equal(first, replay)
     assert not np.array_equal(first, second)
+
+
+def _given_generators(torch):
+    return {"none": None, "torch": torch.Generator().manual_seed(3),
+            "numpy": np.random.default_rng(3), "int": 3}
+
+
+@pytest.mark.parametrize("kind", ["none", "torch", "numpy", "int"])
+def test_the_shuffling_sampler_keeps_the_callers_generator_as_torchs_does(torch, kind):
+    # torch's RandomSampler holds the loader's generator itself (None when
+    # none was given); libraries read it there to seed or snapshot it.
+    generator = _given_generators(torch)[kind]
+    ours = DataLoader(range(20), shuffle=True, generator=generator)
+    assert ours.sampler.generator is generator and ours.generator is generator
+    if kind in ("none", "torch"):
+        theirs = torch.utils.data.DataLoader(range(20), shuffle=True, generator=generator)
+        assert theirs.sampler.generator is generator
+    sampler = fl.SubsetRandomSampler(range(5), generator=generator)
+    assert sampler.generator is generator
+    sampler.generator = None
+    assert sampler.generator is None
+
+
+def test_seeding_the_samplers_generator_in_place_replays_the_order_as_in_torch(torch):
+    # accelerate's prepare_data_loader: it gives a sampler without one a
+    # torch.Generator, and seeds it through ``sampler.generator.manual_seed``.
+    orders = {}
+    for name, module in (("ours", fl), ("theirs", torch.utils.data)):
+        loader = module.DataLoader(range(30), shuffle=True, batch_size=None)
+        assert loader.sampler.generator is None
+        loader.sampler.generator = torch.Generator()
+        runs = []
+        for _ in range(2):
+            loader.sampler.generator.manual_seed(7)
+            runs.append([int(x) for x in loader])
+        assert runs[0] == runs[1] and sorted(runs[0]) == list(range(30))
+        loader.sampler.generator.manual_seed(8)
+        assert [int(x) for x in loader] != runs[0]
+        orders[name] = runs[0]
+    assert orders["ours"] != list(range(30)) and orders["theirs"] != list(range(30))
+
+
+def test_loader_and_its_shuffling_sampler_still_draw_from_one_stream():
+    # The sampler keeps the caller's generator but shares the loader's stream:
+    # an epoch draws the order and the base seed from it, one after the other.
+    loader = DataLoader(range(20), shuffle=True, generator=5)
+    assert loader.sampler._seed_source.stream is loader._seed_source.stream
+    before = loader._seed_source.get_state()
+    list(loader)
+    after_one = loader._seed_source.get_state()
+    solo = SeedSource(5)
+    solo.draw(), solo.draw()
+    assert after_one == solo.get_state() and before != after_one
 
 
 class Stream(fl.IterableDataset):
