@@ -183,7 +183,7 @@ class DataLoader:
         # Ring slots one epoch of new workers leaves for the next (fork only):
         # NOTE [ Slots that outlive an epoch ] in ring.py.
         self._spare_slots = SpareSlots()
-        self._check_worker_number_rationality()
+        self.check_worker_number_rationality()
 
     # -- torch's attribute rules -------------------------------------------
 
@@ -224,7 +224,17 @@ class DataLoader:
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def _check_worker_number_rationality(self) -> None:
+    @property
+    def _dataset_kind(self) -> int:
+        # torch's _DatasetKind (Map 0, Iterable 1), which some libraries read.
+        return 1 if self._iterable else 0
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning when ``num_workers`` exceeds the CPUs this process may run on.
+
+        From a line of the loader's (``stacklevel=2``), as torch's, so
+        Python's default filter shows it once per place it is checked.
+        """
         if self.num_workers == 0:
             return
         try:
@@ -237,7 +247,7 @@ class DataLoader:
                           f"which is smaller than what this DataLoader is going to create. Please "
                           f"be aware that excessive worker creation might get DataLoader running "
                           f"slow or even freeze, lower the worker number to avoid potential "
-                          f"slowness/freeze if necessary.", stacklevel=3)
+                          f"slowness/freeze if necessary.", stacklevel=2)
 
     # -- iteration ---------------------------------------------------------
 
@@ -257,7 +267,7 @@ class DataLoader:
         resume = self._pending_state
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None or self._iterator.closed:
-                self._check_worker_number_rationality()  # as torch, whenever workers start
+                self.check_worker_number_rationality()  # as torch, whenever workers start
                 self._warn_about_pin_memory()
                 self._iterator = _MultiProcessIter(self, resume)
             else:
@@ -266,7 +276,7 @@ class DataLoader:
             self._progress = self._iterator.progress
             return self._iterator
         if self.num_workers > 0:
-            self._check_worker_number_rationality()
+            self.check_worker_number_rationality()
         self._warn_about_pin_memory()
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)

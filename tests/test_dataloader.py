@@ -522,6 +522,33 @@ def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_lea
     assert count(fl) == count(torch.utils.data) == (2 if persistent else 3)
 
 
+@pytest.mark.timeout(60)
+def test_too_many_workers_warning_is_shown_from_the_loaders_lines_as_torchs(torch, no_leaks):
+    # From a line of the library's own, so Python's default filter shows it
+    # once per place it is checked (construction, start of workers), however
+    # many loaders and epochs; and the check is public under torch's name.
+    import os
+
+    def shown(library):
+        workers = len(os.sched_getaffinity(0)) + 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for _ in range(2):
+                loader = library.DataLoader(list(range(4)), batch_size=2, num_workers=workers)
+                for _ in range(2):
+                    list(loader)
+            loader.check_worker_number_rationality()
+        return [w for w in caught if "worker processes in total" in str(w.message)]
+
+    ours, theirs = shown(fl), shown(torch.utils.data)
+    assert len(ours) == len(theirs) == 3
+    # The last one, asked for by the caller, is shown from the caller's line.
+    assert [w.filename for w in ours] == [fl.dataloader.__file__] * 2 + [__file__]
+    assert [w.filename for w in theirs] == [torch.utils.data.dataloader.__file__] * 2 + [__file__]
+    assert DataLoader(range(3))._dataset_kind == torch.utils.data.DataLoader(range(3))._dataset_kind == 0
+    assert DataLoader(Stream(3))._dataset_kind == 1
+
+
 def _stream_classes(torch) -> dict:
     """IterableDatasets both loaders take (torch's base class), keyed by name."""
 
