@@ -159,8 +159,12 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
             _signal.signal(signum, record)
         yield ctrl_c, others
     finally:
-        _holding[:] = [held for held in _holding if held is not previous]
-        _restore(previous)
+        # Listed until they are all back: a child forked from another thread
+        # meanwhile must still put back the caller's handlers.
+        try:
+            _restore(previous)
+        finally:
+            _holding[:] = [held for held in _holding if held is not previous]
 
 
 # The handlers each block in progress replaced, outermost first.
