@@ -12,12 +12,14 @@ Two streams, kept apart on purpose:
 * ``transform_rng()`` is the generator random transforms draw from.  The
   loader reseeds it before every batch from ``(base_seed, batch_no)``, so a
   sample gets the same crop whichever worker (or the main process) loads it:
-  a seeded loader gives the same images for any ``num_workers``.
+  a seeded loader gives the same images for any ``num_workers``.  Each
+  thread has its own, so loaders iterated in several threads keep that.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -102,26 +104,33 @@ class SeedSource:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
 
 
-_transform_rng: np.random.Generator | None = None
-# (base_seed, batch_no) of the current batch, turned into a generator only when
-# a transform first asks: building one costs ~10 us, too much for batches
-# whose pipeline draws nothing.
-_transform_seed: tuple[int, int] | None = None
+class _TransformStream(threading.local):
+    """The transform generator of one thread: loaders iterated in several
+    threads (``num_workers=0``) each seed their own batches' draws."""
+
+    rng: np.random.Generator | None = None
+    # (base_seed, batch_no) of the current batch, turned into a generator only
+    # when a transform first asks: building one costs ~10 us, too much for
+    # batches whose pipeline draws nothing.
+    seed: tuple[int, int] | None = None
+
+
+_transform_stream = _TransformStream()
 
 
 def transform_rng() -> np.random.Generator:
-    """The generator random transforms draw from (reseeded per batch by the loader)."""
-    global _transform_rng, _transform_seed
-    if _transform_seed is not None:
-        base_seed, batch_no = _transform_seed
-        _transform_seed = None
-        _transform_rng = np.random.Generator(np.random.PCG64([base_seed & ((1 << 64) - 1), batch_no]))
-    elif _transform_rng is None:
-        _transform_rng = np.random.default_rng()
-    return _transform_rng
+    """The generator random transforms draw from (reseeded per batch by the
+    loader; one per thread)."""
+    stream = _transform_stream
+    if stream.seed is not None:
+        base_seed, batch_no = stream.seed
+        stream.seed = None
+        stream.rng = np.random.Generator(np.random.PCG64([base_seed & ((1 << 64) - 1), batch_no]))
+    elif stream.rng is None:
+        stream.rng = np.random.default_rng()
+    return stream.rng
 
 
 def seed_transform_rng(base_seed: int, batch_no: int) -> None:
-    """Reseed ``transform_rng()`` for one batch of one epoch."""
-    global _transform_seed
-    _transform_seed = (base_seed, batch_no)
+    """Reseed ``transform_rng()`` of this thread for one batch of one epoch."""
+    _transform_stream.seed = (base_seed, batch_no)

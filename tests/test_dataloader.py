@@ -792,6 +792,42 @@ def test_a_batch_that_raises_does_not_shift_the_transform_seeds_after_it():
     assert len(run(0)) == 4
 
 
+@pytest.mark.timeout(60)
+def test_loaders_in_two_threads_each_draw_from_their_own_batches_seeds():
+    # In the main process (num_workers=0) each thread seeds its own batches:
+    # one loader's draws between the other's must not shift its numbers.
+    import threading
+
+    from fastload.rng import transform_rng
+
+    class TwoDraws(fl.Dataset):
+        def __init__(self, barrier):
+            self.barrier = barrier
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            first = transform_rng().integers(0, 1 << 30)
+            self.barrier.wait()  # the other thread seeds and draws meanwhile
+            return np.array([first, transform_rng().integers(0, 1 << 30)])
+
+    def run(seed, barrier, out):
+        out[seed] = [b.tolist() for b in DataLoader(TwoDraws(barrier), batch_size=4, generator=seed)]
+
+    alone = {}
+    for seed in (1, 2):
+        run(seed, threading.Barrier(1), alone)
+    together = {}
+    barrier = threading.Barrier(2, timeout=20)
+    threads = [threading.Thread(target=run, args=(seed, barrier, together)) for seed in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert together == alone and alone[1] != alone[2]
+
+
 # --------------------------------------------------------------------------
 # Batch samplers the loader must iterate as they are
 # --------------------------------------------------------------------------
