@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -310,6 +311,70 @@ def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
     assert spares.take() == []  # taken once
 
 
+def _hooks_of_a_fork() -> None:
+    """What the fork hooks of the ring run in the parent around a fork."""
+    ringmod._mark_slots_held_at_fork()
+    ringmod._release_marks_after_fork()
+
+
+@pytest.mark.timeout(30)
+def test_a_fork_from_another_thread_marks_a_held_slot_however_the_hand_over_interleaves(
+        prefix, monkeypatch):
+    # The fork hook marks the spares, then the ring.  Were the ring to hand
+    # its leases to the spares in between, the caller's batch was marked in
+    # neither, and its slot went to the next epoch's workers while a child
+    # read it (a helper's stress run: 94 children in 5,366).
+    spares = ringmod.SpareSlots()  # first, as a loader's: the hook marks it first
+    ring = Ring(in_flight=2, prefix=prefix)
+    writer = SlotWriter()
+    slots = [_fill(ring, writer, 5000, i) for i in range(2)]
+    held = ring.lease(slots[0])
+    ring.release(slots[1])
+    in_hook, handed_over = threading.Event(), threading.Event()
+    mark_spares = ringmod.SpareSlots.mark_held_at_fork
+
+    def pause_after_the_spares(self, *args):
+        mark_spares(self, *args)
+        if self is spares and not args:
+            in_hook.set()
+            handed_over.wait(1.0)  # the main thread's chance to hand over
+
+    monkeypatch.setattr(ringmod.SpareSlots, "mark_held_at_fork", pause_after_the_spares)
+    forker = threading.Thread(target=_hooks_of_a_fork)
+    forker.start()
+    assert in_hook.wait(10)
+    ring.hand_over(spares)
+    handed_over.set()
+    forker.join(10)
+    ring.close()
+    assert len(spares.take()) == 1  # the free slot is kept
+    del held  # the parent lets go; the child still reads it
+    gc.collect()
+    assert spares.take() == [], "a slot a forked child holds was kept for the next epoch's workers"
+
+
+@pytest.mark.timeout(30)
+def test_no_batch_is_made_between_a_forks_marks_and_its_end(prefix):
+    # A batch made in that gap would be in the child unmarked; it waits for
+    # the fork to end instead (and is then not the child's).
+    ring = Ring(in_flight=2, prefix=prefix)
+    writer = SlotWriter()
+    slot = _fill(ring, writer, 5000, 0)
+    ringmod._mark_slots_held_at_fork()
+    made = []
+    try:
+        maker = threading.Thread(target=lambda: made.append(ring.lease(slot)))
+        maker.start()
+        maker.join(0.3)
+        assert made == [], "a batch was made while a fork was under way"
+    finally:
+        ringmod._release_marks_after_fork()
+    maker.join(10)
+    assert len(made) == 1 and slot not in ring._held_at_fork
+    made.clear()
+    ring.close()
+
+
 @pytest.mark.parametrize("when", ["before the hand-over", "during it"])
 def test_a_slot_held_at_a_fork_is_not_kept_for_the_next_epoch(prefix, monkeypatch, when):
     # NOTE [ Batches a forked child holds ]: another thread may fork at any
@@ -321,12 +386,12 @@ def test_a_slot_held_at_a_fork_is_not_kept_for_the_next_epoch(prefix, monkeypatc
     held = ring.lease(slots[0])
     ring.release(slots[1])
     if when == "before the hand-over":
-        ringmod._mark_slots_held_at_fork()  # what the fork hook runs
-    else:
+        _hooks_of_a_fork()
+    else:  # a signal handler of this thread's forks in the middle
         await_leases = ringmod.SpareSlots.await_leases
 
         def forked_meanwhile(self, *args):
-            ringmod._mark_slots_held_at_fork()
+            _hooks_of_a_fork()
             await_leases(self, *args)
 
         monkeypatch.setattr(ringmod.SpareSlots, "await_leases", forked_meanwhile)
