@@ -12,7 +12,9 @@ import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from typing import Any, Iterator
 
 from fastload.forks import forked_as_worker
@@ -115,8 +117,14 @@ def signals_deferred() -> Iterator[list]:
     process (a helper's fuzzing, 7 of 30 trials with a 2 ms timer raising).
     Swapping a handler is one system call, made only for the signals that
     have a Python handler (usually SIGINT alone).
+    The thread waits until the main thread is out of every finalizer (and
+    ``__del__``) first: sent while the teardown's finalizer still ran, or the
+    finalizers of what it dropped, a signal was handled there and lost (a
+    helper: 2 Ctrl-Cs in 30, on a busy machine).  And the frames the signals
+    landed in are not kept: what they held (a worker's ``Process``) would
+    be freed only after the block, where signals are no longer held.
     """
-    with _recorded(_CATCHABLE) as (ctrl_c, others):
+    with _recorded(_CATCHABLE, keep_frames=False) as (ctrl_c, others):
         yield ctrl_c
     again = [*others, *([signal.SIGINT] if ctrl_c else [])]
     if again:
@@ -126,18 +134,48 @@ def signals_deferred() -> Iterator[list]:
             pass
 
 
+# How long signals wait for the main thread to leave finalizers (teardowns'
+# own waits are bounded well below this); then they are sent all the same.
+_RESEND_WAIT = 30.0
+
+
 def _send_to_main_thread(signums: list) -> None:
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + _RESEND_WAIT
+    while _in_code_that_drops_exceptions(main) and time.monotonic() < deadline:
+        time.sleep(0.001)
     for signum in signums:
-        signal.pthread_kill(threading.main_thread().ident, signum)
+        signal.pthread_kill(main, signum)
+
+
+def _in_code_that_drops_exceptions(thread_id: int) -> bool:
+    """Whether that thread runs a finalizer, a ``__del__``, or a deferring block's end."""
+    frame = sys._current_frames().get(thread_id)
+    dropping = _codes_that_drop_exceptions()
+    while frame is not None:
+        code = frame.f_code
+        if code in dropping or code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _codes_that_drop_exceptions() -> tuple:
+    import multiprocessing.util
+    import weakref
+
+    return (weakref.finalize.__call__.__code__, multiprocessing.util.Finalize.__call__.__code__,
+            signals_deferred.__wrapped__.__code__)
 
 
 @contextlib.contextmanager
-def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
+def _recorded(signums: tuple, keep_frames: bool = True) -> Iterator[tuple[list, dict]]:
     """The main thread's Python handlers of ``signums``, inside the block, only
     record the signals: Ctrl-Cs in the first list yielded, the others in the
-    dict (signal number -> its first arguments, in order of arrival); the
-    handlers in place are back after it.  Nothing changes in another thread,
-    or for SIG_DFL and SIG_IGN, which involve no Python handler."""
+    dict (signal number -> its first arguments, in order of arrival; the frame
+    None unless ``keep_frames``); the handlers in place are back after it.
+    Nothing changes in another thread, or for SIG_DFL and SIG_IGN, which
+    involve no Python handler."""
     ctrl_c: list[tuple[int, Any]] = []
     others: dict[int, tuple[int, Any]] = {}
     if threading.current_thread() is not threading.main_thread():
@@ -145,6 +183,8 @@ def _recorded(signums: tuple) -> Iterator[tuple[list, dict]]:
         return
 
     def record(signum: int, frame: Any) -> None:
+        if not keep_frames:
+            frame = None
         if signum == signal.SIGINT:
             ctrl_c.append((signum, frame))
         else:

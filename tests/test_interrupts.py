@@ -197,3 +197,61 @@ def test_a_child_forked_by_another_thread_as_the_block_ends_gets_the_callers_han
     with signals_held():
         pass
     assert status == [0]
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_deferred_in_a_finalizer_comes_again_only_once_the_finalizer_is_over(handlers):
+    # CPython drops what a handler raises inside a finalizer: a signal sent
+    # again while the finalizer still runs was lost (a helper: 2 Ctrl-Cs in 30
+    # under a busy machine).  It must land in the caller's code.
+    import weakref
+
+    class Raised(Exception):
+        pass
+
+    def raising(signum, frame):
+        raise Raised()
+
+    def teardown():
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.01)  # recorded here
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            pass  # the finalizer goes on, checking for signals
+
+    class Owner:
+        pass
+
+    signal.signal(signal.SIGUSR1, raising)
+    owner = Owner()
+    weakref.finalize(owner, teardown)
+    with pytest.raises(Raised):
+        del owner  # the finalizer runs here
+        time.sleep(5)  # where the handler raises
+
+
+@pytest.mark.timeout(30)
+def test_a_deferred_signal_keeps_alive_nothing_of_where_it_landed(handlers):
+    # Were the frame it landed in kept until the signal is sent again, what
+    # that frame held (a worker's Process) would be freed after the block,
+    # its finalizers running where a signal is no longer held.
+    import weakref
+
+    class Held:
+        pass
+
+    def work():
+        held = Held()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)  # recorded here, in this frame
+        return weakref.ref(held)
+
+    with signals_deferred():
+        held = work()
+        freed_in_the_block = held() is None
+    assert freed_in_the_block
+    deadline = time.monotonic() + 5
+    while not handlers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert handlers == [signal.SIGUSR1]
