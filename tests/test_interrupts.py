@@ -140,6 +140,18 @@ def test_forked_workers_have_the_callers_handlers_not_the_recording_ones():
         signal.signal(signal.SIGUSR1, previous)
 
 
+def _child_checking_it_has(installed):
+    """A forked child's body: the caller's SIGUSR1 handler ``installed``, and a
+    Ctrl-C that raises."""
+    def child():
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGUSR1) is installed
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    return child
+
+
 @pytest.mark.timeout(30)
 def test_a_child_forked_by_another_thread_while_signals_are_held_gets_the_callers_handlers(
         handlers):
@@ -147,14 +159,7 @@ def test_a_child_forked_by_another_thread_while_signals_are_held_gets_the_caller
     # recording handlers would stay, Ctrl-C never raised, the caller's never run.
     from forking import fork_child
 
-    installed = signal.getsignal(signal.SIGUSR1)
-
-    def child():
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert signal.getsignal(signal.SIGUSR1) is installed
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1.0)
+    child = _child_checking_it_has(signal.getsignal(signal.SIGUSR1))
 
     status = []
     with signals_held():
@@ -174,14 +179,7 @@ def test_a_child_forked_by_another_thread_as_the_block_ends_gets_the_callers_han
 
     from fastload import interrupts
 
-    installed = signal.getsignal(signal.SIGUSR1)
-
-    def child():
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert signal.getsignal(signal.SIGUSR1) is installed
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1.0)
+    child = _child_checking_it_has(signal.getsignal(signal.SIGUSR1))
 
     status = []
     restore = interrupts._restore
