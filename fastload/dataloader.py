@@ -30,7 +30,7 @@ import numbers
 import os
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, Generic, Iterator, NoReturn, TypeVar
 
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import is_iterable_dataset
@@ -52,6 +52,7 @@ __all__ = ["DataLoader"]
 _OUTPUTS = ("numpy", "torch")
 _GUARDED_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
                        "persistent_workers")
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -61,7 +62,7 @@ class _InfiniteConstantSampler(Sampler):
         return itertools.repeat(None)
 
 
-class DataLoader:
+class DataLoader(Generic[_T_co]):
     """Combines a dataset and a sampler, and iterates over the dataset in batches.
 
     Same arguments and semantics as ``torch.utils.data.DataLoader``; batches
@@ -70,7 +71,9 @@ class DataLoader:
     that stays reserved while you hold any of them.
     """
 
-    _initialized = False
+    # Name-mangled as torch's (``_DataLoader__initialized``): subclasses such as
+    # timm's MultiEpochsDataLoader clear it to replace ``batch_sampler``.
+    __initialized = False
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
@@ -170,7 +173,7 @@ class DataLoader:
             collate_fn = default_collate if self._auto_collation else default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._initialized = True
+        self.__initialized = True
         self._IterableDataset_len_called: int | None = None
         self._iterator: _BaseIter | None = None  # persistent workers' iterator
         self._last_iterator: weakref.ref | None = None
@@ -211,7 +214,7 @@ class DataLoader:
         self._multiprocessing_context = context
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if self._initialized and name in _GUARDED_ATTRIBUTES:
+        if self.__initialized and name in _GUARDED_ATTRIBUTES:
             raise ValueError(f"{name} attribute should not be set after "
                              f"{self.__class__.__name__} is initialized")
         super().__setattr__(name, value)
@@ -261,23 +264,28 @@ class DataLoader:
         return len(self._index_sampler)
 
     def __iter__(self) -> "_BaseIter":
-        # A loaded state stays pending until an epoch has begun from it: an
-        # iter() that raises (a dataset's len(), a worker failing to start)
-        # leaves it to the next try.
-        resume = self._pending_state
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None or self._iterator.closed:
-                self.check_worker_number_rationality()  # as torch, whenever workers start
-                self._warn_about_pin_memory()
-                self._iterator = _MultiProcessIter(self, resume)
+                self._iterator = self._get_iterator()
             else:
-                self._iterator.reset(self, resume)
-            self._pending_state = None
-            self._progress = self._iterator.progress
+                self._iterator.reset(self, self._pending_state)
+                self._pending_state = None
+                self._progress = self._iterator.progress
             return self._iterator
+        return self._get_iterator()
+
+    def _get_iterator(self) -> "_BaseIter":
+        """A new iterator for one epoch, as torch's method of this name.
+
+        Libraries call it (ultralytics' ``InfiniteDataLoader.reset``) or
+        override it, so ``__iter__`` makes every new iterator through it.  A
+        loaded state stays pending until an epoch has begun from it: an iterator
+        that fails to start (a dataset's ``len()``, a worker) leaves it to the next try.
+        """
         if self.num_workers > 0:
-            self.check_worker_number_rationality()
+            self.check_worker_number_rationality()  # as torch, whenever workers start
         self._warn_about_pin_memory()
+        resume = self._pending_state
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
         self._pending_state = None
@@ -444,7 +452,7 @@ class _BaseIter:
         for _ in itertools.islice(self._indices, skip):
             pass
         self._skip_after = set(skip_after)
-        self.num_yielded = skip
+        self._num_yielded = skip
         self._next_batch_no = skip
         return base_seed
 
@@ -466,11 +474,11 @@ class _BaseIter:
     def _deliver(self, batch_no: int, batch: Any) -> Any:
         """``batch`` as the caller gets it, counted as handed out only then: a
         Ctrl-C before (in the next task's dispatch, say) leaves it for a resume."""
-        self.num_yielded += 1
-        if self._iterable and self._len_called is not None and self.num_yielded > self._len_called:
+        self._num_yielded += 1
+        if self._iterable and self._len_called is not None and self._num_yielded > self._len_called:
             message = (f"Length of IterableDataset {self._dataset} was reported to be "
                        f"{self._len_called}(when accessing len(dataloader)), but "
-                       f"{self.num_yielded} samples have been fetched. ")
+                       f"{self._num_yielded} samples have been fetched. ")
             if self._loader_workers > 0:
                 message += ("For multiprocessing data-loading, this could be caused by not "
                             "properly configuring the IterableDataset replica at each worker. "
