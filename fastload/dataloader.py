@@ -956,6 +956,10 @@ class _MultiProcessIter(_BaseIter):
         self.closed = True
         self._finalizer()
 
+    # torch's name, which code calls to free a persistent loader's workers
+    # (``loader._iterator._shutdown_workers()``); the next ``iter()`` starts new ones.
+    _shutdown_workers = shutdown
+
     @property
     def worker_pids(self) -> list[int]:
         return self._pool.pids

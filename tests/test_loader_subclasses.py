@@ -195,3 +195,18 @@ def test_loader_is_generic_as_torchs(torch):
 
     batch = next(iter(Typed(Squares(), batch_size=2)))
     np.testing.assert_array_equal(batch["i"], [0, 1])
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_workers_frees_a_persistent_loaders_workers(no_leaks):
+    """Code frees persistent workers with torch's ``loader._iterator._shutdown_workers()``."""
+    loader = fl.DataLoader(Squares(), batch_size=10, num_workers=2, persistent_workers=True)
+    first = [batch["i"].copy() for batch in loader]
+    pids = loader._iterator.worker_pids
+    loader._iterator._shutdown_workers()
+    assert loader._iterator.closed
+    again = [batch["i"].copy() for batch in loader]  # new workers, same batches
+    assert set(loader._iterator.worker_pids).isdisjoint(pids)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    del loader
