@@ -11,6 +11,9 @@ from fastload.sampler import (BatchSampler, DistributedSampler, RandomSampler, S
                               SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
 from fastload.worker import WorkerInfo, get_worker_info
 
+# A submodule, as torch.utils.data.distributed is after `import torch.utils.data`.
+import fastload.distributed  # noqa: E402,F401
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -21,6 +21,7 @@ Twister); everything else (lengths, padding, batching, errors) matches.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import numbers
@@ -205,13 +206,138 @@ class SubsetRandomSampler(_SeededSampler):
             yield self.indices[position]
 
 
+# The numpy dtypes torch wraps as tensors (torch/csrc/utils/tensor_numpy.cpp); it refuses others.
+_TORCH_NUMPY_DTYPES = tuple(np.dtype(name) for name in (
+    "float64", "float32", "float16", "complex64", "complex128", "int64", "int32", "int16",
+    "int8", "uint64", "uint32", "uint16", "uint8", "bool"))
+
+_MAX_DIMS = 64  # torch's limit on a tensor's dimensions
+
+# CPython's own test, which torch uses to read a shape: lists, tuples, strings, numpy
+# arrays and classes with __getitem__ pass; dicts and torch tensors do not (a list of
+# one-element tensors is a list of numbers to torch).  No Python-level test agrees
+# with it on all of these.
+# (A private prototype: setting argtypes on ctypes.pythonapi's would change it for everyone.)
+_is_sequence = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)(
+    ("PySequence_Check", ctypes.pythonapi))
+
+# Numbers whose float() numpy's float64 conversion computes too, so a list of them
+# converts in one call.  Exact types only: a subclass may define its own __float__,
+# and numpy's timedelta64, an integer type to issubclass, has none.
+_PLAIN_NUMBER_TYPES = frozenset({float, int, bool, np.bool_}) | frozenset(
+    np.dtype(code).type for code in np.typecodes["AllInteger"] + np.typecodes["Float"])
+
+
+def _float64_weights(value: Any) -> np.ndarray:
+    """``value`` as a float64 array, taken and refused as ``torch.as_tensor(value,
+    dtype=torch.double)`` takes and refuses it, by the same three paths.
+
+    A float64 array or tensor is shared, not copied, so the caller's later edits
+    count (torch's sampler sees them too); anything else is converted.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return _tensor_weights(value)
+    if isinstance(value, np.ndarray):
+        return _numpy_weights(value)
+    if isinstance(value, (str, bytes)):
+        # torch refuses these whole, though it would read a bytes inside a list as its ints.
+        raise TypeError(f"weights should be a sequence of real numbers, but got {reprlib.repr(value)}")
+    converted = _nested_numbers(value, _sequence_shape(value), ())
+    return np.asarray(converted, dtype=np.float64)
+
+
+def _tensor_weights(tensor: Any) -> np.ndarray:
+    # torch converts with the tensor's own .to(double): any dtype (complex keeps its
+    # real part, with torch's warning), any device, requires_grad or not.  numpy()
+    # needs it detached, on the CPU, dense, without a lazy negation; each of these
+    # returns the tensor itself when there is nothing to do, so float64 stays shared.
+    return tensor.detach().cpu().double().resolve_neg().to_dense().numpy()
+
+
+def _numpy_weights(array: np.ndarray) -> np.ndarray:
+    # torch wraps the array's memory as it is, so it refuses what a tensor cannot
+    # describe, in this order; then converts as from a tensor (complex: real part).
+    itemsize = array.dtype.itemsize
+    if itemsize and any(stride % itemsize for stride in array.strides):
+        raise ValueError("given numpy array strides not a multiple of the element byte size. "
+                         "Copy the numpy array to reallocate the memory.")
+    if any(stride < 0 for stride in array.strides):
+        raise ValueError("At least one stride in the given numpy array is negative, and tensors "
+                         "with negative strides are not currently supported. (You can probably "
+                         "work around this by making a copy of your array with array.copy().)")
+    if not array.dtype.isnative:
+        raise ValueError("given numpy array has byte order different from the native byte "
+                         "order. Conversion between byte orders is currently not supported.")
+    if array.dtype not in _TORCH_NUMPY_DTYPES:
+        raise TypeError(f"can't convert np.ndarray of type numpy.{array.dtype.type.__name__}. "
+                        "The only supported types are: float64, float32, float16, complex64, "
+                        "complex128, int64, int32, int16, int8, uint64, uint32, uint16, uint8, "
+                        "and bool.")
+    return np.asarray(array, dtype=np.float64)
+
+
+def _sequence_shape(value: Any) -> list[int]:
+    """The shape torch gives nested sequences: the lengths down their first elements."""
+    shape: list[int] = []
+    while _is_sequence(value):
+        length = len(value)
+        shape.append(length)
+        if len(shape) > _MAX_DIMS:
+            # A string's first element is a string again: torch's ValueError.
+            raise ValueError(f"too many dimensions '{type(value).__name__}'")
+        if length == 0:
+            break
+        try:
+            value = value[0]
+        except Exception as error:  # torch turns whatever indexing raised into this
+            raise ValueError(f"could not determine the shape of object type "
+                             f"'{type(value).__name__}'") from error
+    return shape
+
+
+def _nested_numbers(value: Any, shape: list[int], where: tuple[int, ...]) -> np.ndarray | float:
+    """``value``, of torch's ``shape``, as floats: each entry at depth ``len(shape)``
+    must be a number (a one-element tensor is one), each above it an iterable of
+    ``shape[depth]`` entries; ``where`` is ``value``'s position, for errors."""
+    depth = len(where)
+    if depth == len(shape):
+        return _real_number(value, where)
+    items = value if isinstance(value, (list, tuple)) else list(value)
+    if len(items) != shape[depth]:
+        raise ValueError(f"expected sequence of length {shape[depth]} at dim {depth} "
+                         f"(got {len(items)})")
+    if depth == len(shape) - 1 and set(map(type, items)) <= _PLAIN_NUMBER_TYPES:
+        # The common case, a long list of Python or numpy numbers: one numpy call,
+        # not a Python step per entry.
+        return np.array(items, dtype=np.float64)
+    return np.array([_nested_numbers(item, shape, (*where, position))
+                     for position, item in enumerate(items)], dtype=np.float64)
+
+
+def _real_number(value: Any, where: tuple[int, ...]) -> float:
+    # torch reads a number through __float__ or __index__ (PyFloat_AsDouble), so
+    # Fractions, Decimals and one-element tensors pass, while a string is not parsed.
+    kind = type(value)
+    if hasattr(kind, "__float__") or hasattr(kind, "__index__"):
+        return float(value)
+    if not where:
+        raise TypeError(f"weights should be a sequence of real numbers, but got {reprlib.repr(value)}")
+    position = "".join(f"[{index}]" for index in where)
+    raise TypeError(f"weights should be real numbers, but weights{position} is "
+                    f"{reprlib.repr(value)} ({kind.__name__})")
+
+
 class WeightedRandomSampler(_SeededSampler):
     """``num_samples`` indices of ``range(len(weights))``, drawn proportionally to ``weights``.
 
     With replacement each draw is O(1) from an alias table, built on the
     first epoch and again whenever ``weights`` has changed since (reassigned
-    or edited in place, which torch's sampler also sees).  Invalid weights
-    raise on the first epoch, as torch.multinomial does then.
+    or edited in place, which torch's sampler also sees).  ``weights`` may be
+    whatever ``torch.as_tensor(weights, dtype=torch.double)`` takes (lists of
+    one-element tensors, tensors that require grad, ...); what it refuses raises
+    the same error type here.  Invalid weights raise on the first epoch, as
+    torch.multinomial does then.
     """
 
     weights: np.ndarray
@@ -244,20 +370,9 @@ class WeightedRandomSampler(_SeededSampler):
 
     @weights.setter
     def weights(self, value: Sequence[float]) -> None:
-        # As torch.as_tensor(weights, dtype=double): a float64 array (or
-        # tensor) is shared, so the caller's later edits count; anything else
-        # is converted.  A read-only one is copied: the kernels take writable
-        # buffers.  (asarray, not array(copy=): a tensor's __array__ rejects
-        # numpy 2's copy=.)
-        given = np.asarray(value)
-        problem = _not_real_numbers(given, value) if given.dtype.kind not in "biuf" else None
-        if problem is not None:
-            # None, strings, a None among numbers: torch's TypeError, before
-            # a float conversion could turn them into NaN or a ValueError.
-            raise TypeError(problem)
-        array = np.asarray(given, dtype=np.float64)
+        array = _float64_weights(value)
         if not array.flags.writeable:
-            array = array.copy()
+            array = array.copy()  # the kernels write nothing, but take writable buffers
         if array.ndim != 1:
             raise ValueError(
                 "weights should be a 1d sequence but given "
@@ -403,22 +518,7 @@ def _from_environment(name: str) -> int:
         raise ValueError(f"{name}={value!r} in the environment is not an integer") from None
 
 
-def _not_real_numbers(given: np.ndarray, value: Any) -> str | None:
-    """Why ``value`` (as ``given``, its array of another dtype than numbers) cannot be
-    weights, naming the first bad entry; None for a list of real numbers numpy
-    keeps as objects (``Fraction``s), which torch takes too."""
-    if given.dtype.kind == "O" and given.ndim == 1:
-        for position, entry in enumerate(given):
-            if not isinstance(entry, numbers.Real):
-                return (f"weights should be real numbers, but weights[{position}] is "
-                        f"{reprlib.repr(entry)} ({type(entry).__name__})")
-        return None
-    if given.dtype.kind in "OUSV":
-        return f"weights should be a sequence of real numbers, but got {reprlib.repr(value)}"
-    return f"weights should be real numbers, but got dtype {given.dtype}"
-
-
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(Sampler[_T_co]):
     """This rank's share of the dataset, for data-parallel training.
 
     Each epoch orders the dataset (a permutation seeded by ``seed + epoch``,
@@ -472,13 +572,6 @@ class DistributedSampler(Sampler[int]):
 
     def _epoch_indices(self) -> np.ndarray:
         n = len(self.dataset)
-        if (n > self.total_size and not self.drop_last) or (n < self.total_size and self.drop_last):
-            # torch's check: its sizes were fixed at construction, and a dataset
-            # that has since grown (or, with drop_last, shrunk) cannot be split so.
-            raise AssertionError(
-                f"Number of indices ({n}) does not match total_size ({self.total_size}): "
-                f"the dataset changed size after this DistributedSampler was built; "
-                f"build a new one")
         if self.shuffle:
             # Every rank must build the same order: it depends on seed + epoch
             # only (torch's manual_seed takes the same value modulo 2**64).
@@ -491,17 +584,51 @@ class DistributedSampler(Sampler[int]):
             order = _core.permutation(n, seed % (1 << 64))
         else:
             order = np.arange(n, dtype=np.int64)
-        if self.drop_last:
-            return np.ascontiguousarray(order[self.rank:self.total_size:self.num_replicas])
+        # total_size and num_samples were fixed at construction.  torch pads the
+        # order, slices this rank's share, and asserts both lengths against them,
+        # so a dataset that has changed size, or num_replicas or rank set since,
+        # fails here instead of giving ranks unequal or overlapping shares.  The
+        # same checks in the same order, on lengths alone:
+        padded = self._padded_length(n)
+        if padded != self.total_size:
+            raise AssertionError(
+                f"Number of indices ({padded}) does not match total_size ({self.total_size}): "
+                f"the dataset has {n} samples now, which this DistributedSampler was not "
+                f"sized for when built; build a new one")
+        # A range slices exactly as torch's list does (a zero step, a rank past the end, ...).
+        share = range(padded)[self.rank:self.total_size:self.num_replicas]
+        if len(share) != self.num_samples:
+            raise AssertionError(
+                f"Number of subsampled indices ({len(share)}) does not match num_samples "
+                f"({self.num_samples}): num_replicas={self.num_replicas} and rank={self.rank} "
+                f"are not what this DistributedSampler was sized for when built; build a new one")
         if n == 0:
-            return order
+            return order  # then the share is empty too
         # Padding repeats the order from its start, i.e. position p holds
         # order[p % n]: gather this rank's positions directly.
-        positions = np.arange(self.rank, self.total_size, self.num_replicas, dtype=np.int64)
+        positions = np.arange(share.start, share.stop, share.step, dtype=np.int64)
         return order[positions % n]
 
-    def __iter__(self) -> Iterator[int]:
-        return _iter_ints(self._epoch_indices())
+    def _padded_length(self, n: int) -> int:
+        """The length of torch's order of ``n`` indices once padded or cut to ``total_size``."""
+        if self.drop_last:
+            return len(range(n)[:self.total_size])
+        padding = self.total_size - n
+        if padding <= n:
+            # Negative once the dataset has grown: torch's list slicing then
+            # appends all but the last -padding indices.
+            return n + len(range(n)[:padding])
+        if n == 0:
+            # torch repeats the order ceil(padding / n) times.
+            raise ZeroDivisionError(f"DistributedSampler cannot pad an empty dataset to "
+                                    f"total_size ({self.total_size}): it was not empty when "
+                                    f"this DistributedSampler was built; build a new one")
+        return self.total_size
+
+    # Typed as torch's: generic in what it yields, though it yields ints, so that
+    # annotations written for torch's (DistributedSampler[int]) hold for ours.
+    def __iter__(self) -> Iterator[_T_co]:
+        return _iter_ints(self._epoch_indices())  # type: ignore[return-value]
 
     def __len__(self) -> int:
         return self.num_samples

@@ -10,8 +10,11 @@ reproduce.
 
 import subprocess
 import sys
+import warnings
 from collections import Counter
+from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -222,6 +225,108 @@ def test_weights_of_real_number_objects_are_taken_as_in_torch(torch):
     assert sampler.weights.tolist() == [0.5, 0, 1.5] and set(sampler) == {0, 2}
 
 
+class _FailingTable:
+    """A sequence whose items cannot be read: torch cannot tell its shape."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        raise KeyError(index)
+
+
+# Each builds a fresh copy of its weights (a generator is used up), given the torch module.
+WEIGHTS = {
+    "list of 0-d tensors": lambda torch: [torch.tensor(1.0), torch.tensor(0.0), torch.tensor(2.0)],
+    "list of 1-element tensors": lambda torch: [torch.tensor([1.0]), torch.tensor([0.0]),
+                                                torch.tensor([2])],
+    "list of 1x1 tensors": lambda torch: [torch.tensor([[1.0]]), torch.tensor([[3.0]])],
+    "list of tensors and numbers": lambda torch: [torch.tensor([1.0]), 0, np.float32(2.5),
+                                                  torch.tensor(4.0)],
+    "list of tensors that require grad": lambda torch: [torch.tensor([1.0], requires_grad=True),
+                                                        torch.tensor(2.0, requires_grad=True)],
+    "float32 tensor that requires grad": lambda torch: torch.tensor([1.0, 0.0, 2.0],
+                                                                    requires_grad=True),
+    "float64 tensor that requires grad": lambda torch: torch.tensor([1.0, 2.0], dtype=torch.float64,
+                                                                    requires_grad=True),
+    "parameter": lambda torch: torch.nn.Parameter(torch.tensor([1.0, 2.0])),
+    "bfloat16 tensor": lambda torch: torch.tensor([1.5, 0.0, 2.25], dtype=torch.bfloat16),
+    "list of bfloat16 tensors": lambda torch: [torch.tensor(1.5, dtype=torch.bfloat16)] * 3,
+    "complex tensor": lambda torch: torch.tensor([1 + 2j, 3 - 1j]),
+    "list of 2-element tensors": lambda torch: [torch.tensor([1.0, 2.0])] * 2,
+    "list of empty tensors": lambda torch: [torch.tensor([])] * 2,
+    "tensor then a list": lambda torch: [torch.tensor([1.0]), [2.0]],
+    "list of floats": lambda torch: [1.0, 0.0, 3.0],
+    "decimals": lambda torch: [Decimal("0.5"), Decimal(2)],
+    "list of 0-d numpy arrays": lambda torch: [np.array(1.0), np.array(2.0)],
+    "a 0-d numpy array after a number": lambda torch: [1.0, np.array(2.0)],
+    "a 1-element numpy array after a number": lambda torch: [1.0, np.array([2.0])],
+    "numpy array of objects": lambda torch: np.array([1.0, 2.0], dtype=object),
+    "numpy longdouble array": lambda torch: np.array([1.0, 2.0], dtype=np.longdouble),
+    "numpy complex array": lambda torch: np.array([1 + 2j, 2.0]),
+    "numpy array reversed": lambda torch: np.arange(1.0, 4.0)[::-1],
+    "numpy array every other": lambda torch: np.arange(1.0, 7.0)[::2],
+    "numpy big-endian array": lambda torch: np.arange(1.0, 4.0).astype(">f8"),
+    "numpy field of a record array": lambda torch: np.zeros(3, dtype=[("w", "f8"), ("b", "i1")])["w"],
+    "list of strings": lambda torch: ["1", "2"],
+    "a string after a number": lambda torch: [1.0, "2"],
+    "ragged": lambda torch: [[1.0, 2.0], [3.0]],
+    "rows of a list and a set": lambda torch: [[1.0, 2.0], {3.0, 4.0}],
+    "a number then a row": lambda torch: [[1.0], 2.0],
+    "unreadable sequence": lambda torch: _FailingTable(),
+    "generator": lambda torch: (w for w in [1.0, 2.0]),
+    "int too large for a float": lambda torch: [10**400, 1],
+    "numpy numbers": lambda torch: [np.float16(1.5), np.uint64(2**64 - 1), np.bool_(True), 2],
+    "a numpy timedelta among numbers": lambda torch: [1.0, np.timedelta64(3, "s")],
+    "bytearray": lambda torch: bytearray(b"\x01\x00\x02"),
+    "empty list": lambda torch: [],
+}
+
+
+def _weighted_outcome(library, weights, generator):
+    """What WeightedRandomSampler makes of ``weights``: the type of what construction
+    raised, or the weights taken and the length, and an epoch's length (or the type
+    of what drawing it raised)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # complex weights: torch's and numpy's casts warn
+            sampler = library.WeightedRandomSampler(weights, 5, generator=generator)
+    except Exception as error:
+        return type(error)
+    try:
+        drawn = len(list(sampler))
+    except Exception as error:
+        drawn = type(error)
+    return sampler.weights.tolist(), len(sampler), drawn
+
+
+@pytest.mark.parametrize("case", list(WEIGHTS))
+def test_weights_are_taken_and_refused_as_torch_as_tensor_does(torch, case):
+    theirs = _weighted_outcome(torch.utils.data, WEIGHTS[case](torch), torch.Generator().manual_seed(3))
+    ours = _weighted_outcome(fs, WEIGHTS[case](torch), 3)
+    assert ours == theirs
+
+
+def test_a_float64_tensor_that_requires_grad_is_shared_as_in_torch(torch):
+    mine, yours = (torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64, requires_grad=True)
+                   for _ in range(2))
+    ours = fs.WeightedRandomSampler(mine, 40, generator=0)
+    theirs = torch.utils.data.WeightedRandomSampler(yours, 40)
+    assert set(ours) == set(theirs) == {0}
+    with torch.no_grad():
+        mine[:] = yours[:] = torch.tensor([0.0, 0.0, 1.0])
+    assert set(ours) == set(theirs) == {2}
+
+
+def test_sparse_weights_are_taken_as_in_torch(torch):
+    weights = torch.tensor([0.0, 1.0, 0.0, 2.0]).to_sparse()
+    theirs = torch.utils.data.WeightedRandomSampler(weights, 30)
+    ours = fs.WeightedRandomSampler(weights, 30, generator=0)
+    assert ours.weights.tolist() == theirs.weights.to_dense().tolist()
+    # torch has no sparse multinomial; ours draws from the dense copy.
+    assert set(ours) == {1, 3}
+
+
 # --- distributed --------------------------------------------------------------
 
 @pytest.mark.parametrize("arguments", [dict(num_replicas=2, rank=0.5), dict(num_replicas=2, rank=1.5),
@@ -350,9 +455,60 @@ def test_distributed_rank_from_process_group(torch, tmp_path, monkeypatch):
 
 def test_import_does_not_import_torch(tmp_path):
     code = ("import sys, os; os.environ['WORLD_SIZE'] = '2'; os.environ['RANK'] = '1';"
-            "import fastload.sampler as s; list(s.DistributedSampler(range(5)));"
+            "import fastload.sampler as s, fastload.distributed; list(s.DistributedSampler(range(5)));"
             "list(s.RandomSampler(range(5))); assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- typing and module names, as torch's ----------------------------------------------
+
+# torch's public sampler and dataset classes, each with fastload's of that name.
+PUBLIC_CLASSES = {
+    "Dataset": "Dataset", "IterableDataset": "IterableDataset", "TensorDataset": "ArrayDataset",
+    "ConcatDataset": "ConcatDataset", "ChainDataset": "ChainDataset", "Subset": "Subset",
+    "StackDataset": "StackDataset", "Sampler": "Sampler", "SequentialSampler": "SequentialSampler",
+    "RandomSampler": "RandomSampler", "SubsetRandomSampler": "SubsetRandomSampler",
+    "WeightedRandomSampler": "WeightedRandomSampler", "BatchSampler": "BatchSampler",
+    "DistributedSampler": "DistributedSampler",
+}
+
+
+def _subscription_outcomes(cls):
+    """For each parameter list, the type of what ``cls[...]`` raised, or None."""
+    outcomes = []
+    for parameters in (int, Any, (int, str)):
+        try:
+            cls[parameters]
+        except Exception as error:
+            outcomes.append(type(error))
+        else:
+            outcomes.append(None)
+    return outcomes
+
+
+@pytest.mark.parametrize("torch_name", list(PUBLIC_CLASSES))
+def test_generic_subscription_as_torch(td, torch_name):
+    # Annotations such as DistributedSampler[int] run when user code is imported:
+    # each class must be generic exactly when torch's is.
+    ours, theirs = getattr(fl, PUBLIC_CLASSES[torch_name]), getattr(td, torch_name)
+    assert _subscription_outcomes(ours) == _subscription_outcomes(theirs)
+
+
+def test_distributed_sampler_built_through_its_subscription_as_torch(td):
+    ours = fs.DistributedSampler[int](range(7), num_replicas=2, rank=1, shuffle=False)
+    theirs = td.DistributedSampler[int](range(7), num_replicas=2, rank=1, shuffle=False)
+    assert list(ours) == list(theirs) == [1, 3, 5, 0]
+    assert isinstance(ours, fs.DistributedSampler)
+
+
+def test_distributed_module_as_torchs(td):
+    from fastload import distributed
+    from fastload.distributed import DistributedSampler
+
+    assert DistributedSampler is fs.DistributedSampler is fl.DistributedSampler
+    assert distributed.__all__ == td.distributed.__all__
+    assert fl.distributed is distributed  # reachable after `import fastload`, as torch's
+    assert all(hasattr(distributed, name) for name in distributed.__all__)
 
 
 # --- validation: same error types as torch ------------------------------------------
@@ -542,23 +698,54 @@ def test_subset_random_sampler_of_strings_through_the_loader():
     assert sorted(np.concatenate(list(loader)).tolist()) == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("drop_last, change", [(False, [4, 5, 6]), (True, None), (False, None),
-                                               (True, [4, 5, 6])], ids=repr)
-def test_distributed_over_a_dataset_that_changed_size_as_torch(td, drop_last, change):
-    def epoch(library):
-        data = list(range(6))
-        sampler = library.DistributedSampler(data, num_replicas=2, rank=0, shuffle=False,
-                                             drop_last=drop_last)
-        if change is None:
-            del data[3:]  # shrunk
-        else:
-            data += change  # grown
-        try:
-            return list(sampler)
-        except AssertionError:
-            return AssertionError
+def _changed_distributed_epoch(library, drop_last, change):
+    """What iterating a DistributedSampler of 6 samples (2 replicas, rank 1) gives
+    once ``change(sampler, data)`` has run: its indices, or the type of what
+    ``iter()`` raised (torch's __iter__ checks before yielding anything)."""
+    data = list(range(6))
+    sampler = library.DistributedSampler(data, num_replicas=2, rank=1, shuffle=False,
+                                         drop_last=drop_last)
+    change(sampler, data)
+    try:
+        indices = iter(sampler)
+    except Exception as error:
+        return type(error)
+    return list(indices)
 
-    assert epoch(fs) == epoch(td)
+
+DISTRIBUTED_CHANGES = {
+    "dataset grown": lambda sampler, data: data.extend([6, 7, 8]),
+    "dataset shrunk": lambda sampler, data: data.__delitem__(slice(3, None)),
+    "dataset emptied": lambda sampler, data: data.clear(),
+    "more replicas": lambda sampler, data: setattr(sampler, "num_replicas", 4),
+    "fewer replicas": lambda sampler, data: setattr(sampler, "num_replicas", 1),
+    "zero replicas": lambda sampler, data: setattr(sampler, "num_replicas", 0),
+    "rank past the replicas": lambda sampler, data: setattr(sampler, "rank", 3),
+    "negative rank": lambda sampler, data: setattr(sampler, "rank", -1),
+    "other valid rank": lambda sampler, data: setattr(sampler, "rank", 0),
+    "replicas and rank": lambda sampler, data: vars(sampler).update(num_replicas=3, rank=2),
+    "replicas and sizes": lambda sampler, data: vars(sampler).update(
+        num_replicas=3, rank=2, num_samples=2, total_size=6),
+}
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("change", list(DISTRIBUTED_CHANGES))
+def test_distributed_sampler_changed_after_construction_as_torch(td, drop_last, change):
+    change = DISTRIBUTED_CHANGES[change]
+    assert _changed_distributed_epoch(fs, drop_last, change) == _changed_distributed_epoch(
+        td, drop_last, change)
+
+
+def test_more_replicas_after_construction_fail_when_iterated():
+    sampler = fs.DistributedSampler(range(10), num_replicas=2, rank=0)
+    sampler.num_replicas = 4
+    assert len(sampler) == 5  # as torch: the length was fixed at construction
+    with pytest.raises(AssertionError,
+                       match=r"^Number of subsampled indices \(3\) does not match num_samples \(5\)"):
+        iter(sampler)
+    with pytest.raises(AssertionError, match="subsampled"):
+        list(fl.DataLoader(range(10), sampler=sampler, batch_size=2))
 
 
 @pytest.mark.parametrize("num_samples", [3, 4, 6])
