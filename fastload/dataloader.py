@@ -847,6 +847,10 @@ class _MultiProcessIter(_BaseIter):
                 # Decoded on arrival: a worker's layout numbers follow its sending order.
                 payload = self._layouts[worker].decode(payload)
             except Exception as exc:
+                if isinstance(exc, (OSError, EOFError)):
+                    # A value its worker hands over by descriptor, which a dead
+                    # worker cannot: the death is the error.
+                    self._pool.raise_if_exiting(worker)
                 # e.g. a value whose class cannot be rebuilt in this process:
                 # the batch fails at its turn, as a worker's error would, and
                 # its slot and task are accounted for like any other answer.

@@ -23,11 +23,45 @@ decoding from 4.7 to 4.0 microseconds (CPU time per batch), and the worker's
 pickling too: paired alternating runs of the `epoch_costs.py` loop, 40
 epochs a run, made `dict` epochs 1.8 % shorter at the median with persistent
 workers (12 pairs, 12 faster) and 1.6 % with new ones (12 pairs, 10 faster).
+
+NOTE [ Pickled as torch's workers pickle ]
+The values, and a layout (a mapping's clone, its keys), hold the caller's
+objects: a custom collate_fn's dataclass or tuple subclass, a tensor that
+rides pickled.  torch's workers send theirs through multiprocessing queues,
+which pickle with ``ForkingPickler``; torch registers reductions there that
+move a tensor's storage to shared memory and send a handle.  Plain pickling
+is not the same: in torch 2.13 a uint16, uint32, uint64, float8 or
+complex32 tensor so pickled does not unpickle.  So these bytes are written
+with ForkingPickler's reductions (a caller's ``ForkingPickler.register``
+too), which take precedence over copyreg's as they do there.
+ForkingPickler itself copies its tables (some 80 entries once torch is
+loaded) for every pickle: 5 us, where a small value pickles in 0.5 us;
+``_WirePickler`` asks the registry (``reducer_override``) only about the
+objects that are not plain Python values, 1.8 us in all.  Values that are
+all of ``_PLAIN_TYPES`` (the joined strings, numbers: nearly every batch)
+reach no reduction, so ``pickle.dumps`` writes them, as before.
+
+Where torch's reduction gives wrong values it is passed over: it rebuilds
+a tensor from its storage, offset, size and stride, so a quantized tensor
+lost its quantizer and a lazily conjugated or negated one its bit.  Their
+own pickling is exact.
+
+A reduction may hand over a resource once: a tensor's shared memory goes
+as a file descriptor that the worker's ``resource_sharer`` thread keeps
+open until a process unpickling the bytes fetches it.  So each such pickle
+is unpickled once, while its worker lives (the main process decodes every
+answer as it arrives): a layout holding one is sent whole every time and
+not kept (equal bytes do not mean that the main process has it), and a
+batch whose layout fails to arrive still has its values unpickled.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
+import sys
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 from fastload._core import join_strings
 from fastload.collate import BatchLayout
@@ -63,7 +97,9 @@ class LayoutSender:
                 return last[1], None, _pickle_values(values)
         values = layout.detach_values()
         values_bytes = _pickle_values(values)
-        structure = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+        structure, handed_over = _dumps(layout)
+        if handed_over:  # see NOTE [ Pickled as torch's workers pickle ]
+            return _NOT_KEPT, structure, values_bytes
         layout_id = self._ids.get(structure)
         if layout_id is None:
             if len(self._ids) >= _MAX_LAYOUTS:
@@ -83,14 +119,55 @@ def _pickle_values(values: list) -> bytes | None:
     if not values:
         return None
     sent, joined = [], []
+    plain = True
     for position, value in enumerate(values):
         text = join_strings(value)
         if text is None:
             sent.append(value)
+            plain = plain and type(value) in _PLAIN_TYPES
         else:
             sent.append(text)
             joined.append((position, type(value) is tuple))
-    return pickle.dumps((sent, joined), protocol=pickle.HIGHEST_PROTOCOL)
+    if plain:  # no reduction applies (NOTE [ Pickled as torch's workers pickle ])
+        return pickle.dumps((sent, joined), protocol=pickle.HIGHEST_PROTOCOL)
+    return _dumps((sent, joined))[0]
+
+
+# Values of these types the pickler writes itself, never reducing them.
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None), bytes})
+
+
+class _WirePickler(pickle.Pickler):
+    """A pickler with ``ForkingPickler``'s reductions (NOTE [ Pickled as torch's
+    workers pickle ]); ``handed_over`` tells whether one of them was used."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.handed_over = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduce = ForkingPickler._extra_reducers.get(type(obj))
+        if reduce is None or _rebuilt_wrong_by_torch(obj):
+            return NotImplemented
+        self.handed_over = True
+        return reduce(obj)
+
+
+def _rebuilt_wrong_by_torch(obj: Any) -> bool:
+    """A tensor that torch's reduction would rebuild from its storage and
+    strides alone, losing what else makes its values."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor) \
+        and (obj.is_quantized or obj.is_conj() or obj.is_neg())
+
+
+def _dumps(obj: Any) -> tuple[bytes, bool]:
+    """``obj`` pickled by ``_WirePickler``, and whether a reduction of
+    ``ForkingPickler``'s was used."""
+    buffer = io.BytesIO()
+    pickler = _WirePickler(buffer)
+    pickler.dump(obj)
+    return buffer.getvalue(), pickler.handed_over
 
 
 def _unpickle_values(data: bytes) -> list:
@@ -125,6 +202,7 @@ class LayoutReceiver:
         if structure is None:
             layout = self._layouts.get(layout_id)
             if layout is None:
+                _let_go(values_bytes)
                 raise LayoutLost(f"the batch's layout (number {layout_id}), which the worker "
                                  f"sent with an earlier batch, was lost in the main process: "
                                  f"an exception interrupted its arrival; the worker sends it "
@@ -133,8 +211,23 @@ class LayoutReceiver:
             # Kept before the values are unpickled: the worker sends this
             # layout once, so a batch whose values fail to unpickle here must
             # not leave the later batches without it.
-            layout = pickle.loads(structure)
+            try:
+                layout = pickle.loads(structure)
+            except Exception:
+                _let_go(values_bytes)
+                raise
             if layout_id != _NOT_KEPT:
                 self._layouts[layout_id] = layout
         values = _unpickle_values(values_bytes) if values_bytes is not None else None
         return layout, values
+
+
+def _let_go(values_bytes: bytes | None) -> None:
+    """Unpickle the values of a batch that failed, only to drop them: one may
+    hold a resource that its worker keeps until then (NOTE [ Pickled as
+    torch's workers pickle ]).  The batch's own error is the one reported."""
+    if values_bytes is not None:
+        try:
+            _unpickle_values(values_bytes)
+        except Exception:
+            pass

@@ -168,6 +168,12 @@ class WorkerDied(RuntimeError):
     """A worker process ended without being asked to."""
 
 
+def _died(process: Any) -> WorkerDied:
+    """The error for a worker found gone, once its exit status is in (or 1 s has passed)."""
+    process.join(timeout=1.0)
+    return WorkerDied(describe_exit(process.pid, process.exitcode))
+
+
 class WorkerPool:
     """``num_workers`` processes running ``worker_loop``.
 
@@ -340,9 +346,22 @@ class WorkerPool:
             _send_frame(self._task_fds[worker_id], data)
         except (BrokenPipeError, ConnectionResetError):
             # e.g. killed while idle between two epochs of persistent workers
-            process = self.processes[worker_id]
-            process.join(timeout=1.0)
-            raise WorkerDied(describe_exit(process.pid, process.exitcode)) from None
+            raise _died(self.processes[worker_id]) from None
+
+    def raise_if_exiting(self, worker_id: int, grace: float = 0.2) -> None:
+        """``WorkerDied`` if the worker has exited, or exits within ``grace``
+        seconds; nothing if it lives on.
+
+        For an answer that failed to arrive whole because its worker was
+        gone: a value handed over by descriptor (NOTE [ Pickled as torch's
+        workers pickle ] in layout_wire.py) cannot be fetched from a dead
+        worker, and torch reports that as the worker's death.  The worker's
+        descriptors all close together as it exits, so its sentinel follows
+        the failed fetch at once.
+        """
+        process = self.processes[worker_id]
+        if select.select([process.sentinel], [], [], grace)[0]:
+            raise _died(process)
 
     def receive(self, timeout: float | None, awaited: int | None = None) -> tuple[int, Any] | None:
         """The next answer from any worker, or None when ``timeout`` passes.
@@ -403,8 +422,7 @@ class WorkerPool:
         got = self._answer_left_by(self.processes.index(dead))
         if got is not None:
             return got
-        dead.join(timeout=1.0)
-        raise WorkerDied(describe_exit(dead.pid, dead.exitcode))
+        raise _died(dead)
 
     def _answer_left_by(self, worker_id: int) -> tuple[int, Any] | None:
         """The next answer a dead worker sent before it died, if one is unread."""

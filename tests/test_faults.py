@@ -8,10 +8,12 @@ Timeouts are hang guards only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import multiprocessing
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -399,6 +401,42 @@ def test_worker_killed_from_outside_raises_runtime_error(no_leaks, signum):
     assert _prefix_entries(prefix) == []
     with pytest.raises(StopIteration):  # the iterator is finished, not hung
         next(it)
+
+
+@dataclasses.dataclass
+class TensorHolder:
+    """A custom collate_fn's batch: it travels pickled, its tensor handed over by descriptor."""
+
+    tensor: object
+
+
+def collate_into_holder(samples):
+    import torch
+
+    return TensorHolder(torch.tensor(samples))
+
+
+@pytest.mark.timeout(60)
+def test_worker_dead_before_its_tensor_is_fetched_raises_its_death(torch, no_leaks):
+    """Worker 1 is killed after answering the epoch's last batch, whose tensor waits
+    in it to be fetched: torch reports the death ("exited unexpectedly"), and so must
+    fastload, not the failed fetch's connection error (with no task left to send,
+    nothing else finds the death)."""
+    loader = fl.DataLoader(range(8), batch_size=4, num_workers=2, collate_fn=collate_into_holder)
+    it = iter(loader)
+    pids, prefix = it.worker_pids, it._ring.prefix
+    assert next(it).tensor.tolist() == [0, 1, 2, 3]
+    answers_of_worker_1 = it._pool._readers[1].fd
+    assert select.select([answers_of_worker_1], [], [], 10.0)[0], "worker 1 never answered"
+    os.kill(pids[1], signal.SIGKILL)
+    assert _wait_gone([pids[1]], 10.0) == []
+    with pytest.raises(RuntimeError) as excinfo:
+        next(it)
+    message = str(excinfo.value)
+    assert _worker_pid_in(message, pids) == pids[1]
+    assert "SIGKILL" in message and "killed by signal" in message, message
+    assert _wait_gone(pids, 5.0) == []
+    assert _prefix_entries(prefix) == []
 
 
 class SlowFirstBatch(SquareDataset):

@@ -2,6 +2,7 @@
 
 import collections
 import pickle
+import types
 
 import numpy as np
 import pytest
@@ -228,3 +229,98 @@ def test_a_layout_lost_in_the_main_process_is_sent_again(monkeypatch):
                for k in range(len(outcomes)) if k not in failed)
     second = [batch["name"] for batch in loader]  # the same workers, next epoch
     assert second == [[f"s{i}" for i in range(k, k + 4)] for k in range(0, 32, 4)]
+
+
+class Ticket:
+    """An object with a reduction registered on ``ForkingPickler``, as torch
+    registers its tensors' (``redeemed`` only when that reduction carried it)."""
+
+    def __init__(self, number, redeemed=False):
+        self.number = number
+        self.redeemed = redeemed
+
+
+REDEEMED = []
+
+
+def _reduce_ticket(ticket):
+    return _redeem, (ticket.number,)
+
+
+def _redeem(number):
+    REDEEMED.append(number)
+    return Ticket(number, redeemed=True)
+
+
+class Stamped(collections.UserDict):
+    """A mapping with state: its batch is a clone of the first sample, sent in the layout."""
+
+    def __init__(self, items, ticket):
+        super().__init__(items)
+        self.ticket = ticket
+
+
+@pytest.fixture
+def tickets(monkeypatch):
+    from multiprocessing.reduction import ForkingPickler
+
+    monkeypatch.setitem(ForkingPickler._extra_reducers, Ticket, _reduce_ticket)
+    REDEEMED.clear()
+    yield REDEEMED
+    REDEEMED.clear()
+
+
+def test_values_travel_with_the_reductions_registered_on_forkingpickler(tickets):
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    for number in (1, 2):
+        layout, buffer = pack_into({"x": np.full(2, number), "ticket": Ticket(number)})
+        rebuilt, values = receiver.decode(pickle.loads(pickle.dumps(sender.encode(layout))))
+        batch = rebuilt.build(buffer, values)
+        assert batch["ticket"].redeemed and batch["ticket"].number == number
+    assert tickets == [1, 2]  # each unpickled once
+
+
+def test_a_layout_holding_such_an_object_is_sent_whole_every_time_and_not_kept(tickets):
+    # Its reduction may hand over a resource to the one process that unpickles
+    # it: equal bytes are no sign that the main process holds it already.
+    sender, receiver = LayoutSender(), LayoutReceiver()
+    for start in (0, 4):
+        samples = [Stamped({"x": np.full(2, i)}, Ticket(start)) for i in range(start, start + 4)]
+        layout, buffer = collate_into(samples)
+        wire = pickle.loads(pickle.dumps(sender.encode(layout)))
+        assert wire[0] == -1 and wire[1] is not None
+        batch = receiver.decode(wire)[0].build(buffer)
+        assert type(batch) is Stamped and batch.ticket.redeemed and batch.ticket.number == start
+        assert batch["x"].tolist() == [[i, i] for i in range(start, start + 4)]
+    assert receiver._layouts == {}
+    assert tickets == [0, 4]
+
+
+def test_the_values_of_a_batch_whose_layout_was_lost_are_still_unpickled(tickets):
+    from fastload.layout_wire import LayoutLost
+
+    sender = LayoutSender()
+    wires = [sender.encode(pack_into({"x": np.zeros(2), "ticket": Ticket(n)})[0]) for n in (1, 2)]
+    assert wires[1][1] is None  # sent by number
+    with pytest.raises(LayoutLost):
+        LayoutReceiver().decode(wires[1])  # the receiver never got the first
+    assert tickets == [2]
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor", "ignore:TypedStorage is deprecated")
+def test_tensors_torchs_reduction_would_rebuild_wrong_keep_their_own_pickling(torch):
+    # torch's shared-memory reduction rebuilds a tensor from its storage and
+    # strides: a quantized tensor would lose its quantizer, a lazily
+    # conjugated or negated one its bit (and so its values).
+    complex_tensor = torch.tensor([1.0 + 2.0j, 3.0 - 1.0j])
+    sent = types.SimpleNamespace(  # an object: a custom collate_fn's value, pickled whole
+        quantized=torch.quantize_per_tensor(torch.tensor([1.0, 2.5]), 0.5, 1, torch.quint8),
+        conjugated=complex_tensor.conj(), negated=complex_tensor.conj().imag)
+    layout, buffer = pack_into(sent)
+    rebuilt, values = LayoutReceiver().decode(LayoutSender().encode(layout))
+    got = rebuilt.build(buffer, values)
+    assert got.quantized.is_quantized
+    assert (got.quantized.q_scale(), got.quantized.q_zero_point()) == (0.5, 1)
+    assert torch.equal(got.quantized.dequantize(), sent.quantized.dequantize())
+    assert got.conjugated.is_conj() and torch.equal(got.conjugated, sent.conjugated)
+    assert got.negated.is_neg() and torch.equal(got.negated, sent.negated)
