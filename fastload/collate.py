@@ -13,7 +13,9 @@ slot of the shared-memory ring (a worker writing in place):
    array / number / string, with torch's rules for what each becomes;
 2. the caller's ``allocate`` gives ``layout.nbytes`` bytes;
 3. ``_fill_leaf`` lets the ``_core`` kernels copy every sample's leaves into
-   place, validating dtype and shape as they go.
+   place, validating dtype and shape as they go; a batch that fails there is
+   checked again in torch's order, to raise the fault torch would (NOTE
+   [ The fault torch meets first ]).
 
 ``layout.build(buffer)`` turns a filled buffer into the batch (numpy views),
 which is all the main process does with a batch a worker wrote.
@@ -216,6 +218,19 @@ class TorchStacked(Value):
                                "default collate_fn; please provide a custom collate_fn to "
                                "handle them appropriately.")
         return torch.stack(values)
+
+
+class RefusedLeaf(Value):
+    """A leaf of the first sample that torch's collate refuses (a None, a set, an
+    array of strings).  Laid out, not raised at once: torch collates depth
+    first and may meet another fault before it (NOTE [ The fault torch meets first ]);
+    filling it raises the TypeError."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, found: Any, path: tuple) -> None:
+        super().__init__(None, path)
+        self.message = _ERR_FORMAT.format(found) + f" (at {format_path(path, 0)})"
 
 
 def _check_all_tensors(values: list, path: tuple) -> None:
@@ -493,11 +508,11 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
     elem_type = type(elem)
     if isinstance(elem, np.ndarray):
         if is_string_or_object_dtype(elem.dtype):
-            raise TypeError(_ERR_FORMAT.format(elem.dtype) + f" (at {format_path(path, 0)})")
+            return RefusedLeaf(elem.dtype, path)
         return ArraySlot(elem.dtype, (n,) + elem.shape, path, _ARRAY)
     if isinstance(elem, (np.bool_, np.number, np.object_)):
         if isinstance(elem, np.object_):
-            raise TypeError(_ERR_FORMAT.format(elem_type) + f" (at {format_path(path, 0)})")
+            return RefusedLeaf(elem_type, path)
         return ArraySlot(elem.dtype, (n,), path, _SCALAR_NUMPY)
     if elem_type is float or (isinstance(elem, float)):
         return ArraySlot(np.float64, (n,), path, _SCALAR_FLOAT)
@@ -531,11 +546,14 @@ def _plan_node(elem: Any, path: tuple, n: int, length_checks: list, tensors: lis
         # torch turns a tuple into a list ("backwards compatibility") and
         # rebuilds other sequences as their own type when it can.
         return SequenceNode(None if isinstance(elem, tuple) else elem_type, children)
-    raise TypeError(_ERR_FORMAT.format(elem_type) + f" (at {format_path(path, 0)})")
+    return RefusedLeaf(elem_type, path)
 
 
 def plan_collate(samples: Sequence) -> BatchLayout:
-    """Lay out the batch ``default_collate(samples)`` makes, from its first sample."""
+    """Lay out the batch ``default_collate(samples)`` makes, from its first sample.
+
+    A leaf torch refuses is a ``RefusedLeaf``, which raises when filled.
+    """
     if len(samples) == 0:
         # torch's type (its batch[0] fails), with a message that says why.
         raise IndexError("default_collate: cannot collate an empty batch (no samples)")
@@ -559,19 +577,21 @@ def plan_collate(samples: Sequence) -> BatchLayout:
 
 
 def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
-    """Re-walk ``path`` sample by sample to say which sample lacks which key."""
-    nodes = []
-    for i, sample in enumerate(samples):
-        node = sample
-        for depth, key in enumerate(path):
+    """Re-walk ``path`` to say which sample lacks which key: a level at a time,
+    as torch gathers a key from every sample before it looks inside."""
+    nodes = list(samples)
+    for depth, key in enumerate(path):
+        # torch takes a namedtuple's fields with zip(*batch) and rebuilds it
+        # from them: an item there that is not iterable, or is shorter, is a TypeError.
+        in_namedtuple = isinstance(nodes[0], tuple) and hasattr(nodes[0], "_fields")
+        for i, node in enumerate(nodes):
             try:
-                node = node[key]
+                nodes[i] = node[key]
             except (KeyError, IndexError, TypeError) as exc:
-                where = format_path(path[:depth], i)
-                return _retyped(exc, f"default_collate: {where} has no item {key!r}, but "
-                                     f"{format_path(path[:depth], 0)} does ({exc!r}); every "
-                                     f"sample must have the structure of the first")
-        nodes.append(node)
+                message = (f"default_collate: {format_path(path[:depth], i)} has no item "
+                           f"{key!r}, but {format_path(path[:depth], 0)} does ({exc!r}); every "
+                           f"sample must have the structure of the first")
+                return TypeError(message) if in_namedtuple else _retyped(exc, message)
     # Every sample has the leaf: one of another kind failed (e.g. len() of an int).
     other = next((i for i, node in enumerate(nodes) if type(node) is not type(nodes[0])), None)
     if other is not None:
@@ -580,6 +600,14 @@ def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
                                f"{type(nodes[0]).__name__}; every sample must have the "
                                f"structure of the first ({error})")
     return _retyped(error, f"default_collate: at {format_path(path)}: {error}")
+
+
+def _leaf_objects(samples: list, path: tuple) -> list:
+    """Every sample's leaf at ``path``; a sample that lacks it is named."""
+    try:
+        return _core.collect_leaf_objects(samples, path)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise _walk_error(samples, path, exc) from exc
 
 
 def _retyped(error: Exception, message: str) -> Exception:
@@ -708,7 +736,20 @@ def _overflow(where: str, value: Any, dtype: np.dtype = np.dtype(np.int64)) -> E
                       f"(Overflow when unpacking long long)")
 
 
-def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
+def _unequal_shapes(path: tuple, index: int, shape: tuple, first_shape: tuple) -> RuntimeError:
+    """torch.stack's error, with the samples' paths in place of its entry numbers."""
+    return RuntimeError(f"stack expects each tensor to be equal size, but got {first_shape} at "
+                        f"{format_path(path, 0)} and {tuple(shape)} at {format_path(path, index)}")
+
+
+def _unlike_first(values: list, path: tuple, index: int, first_is: str) -> StructureMismatchError:
+    """The value at ``index`` is of another kind than the first sample's (``first_is``)."""
+    return StructureMismatchError(
+        f"default_collate: {format_path(path, index)} is {type(values[index]).__name__}, but "
+        f"{format_path(path, 0)} is {first_is}; every sample must have the structure of the first")
+
+
+def _fill_cast(samples: list, leaf: ArraySlot, out: np.ndarray) -> None:
     """Slow path for leaves torch would promote: per-sample numpy assignment.
 
     Beside an array, torch turns each value into a tensor of its own first
@@ -716,9 +757,10 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
     stack widens it again); a batch of numbers is one ``torch.tensor(batch)``
     of the promoted dtype.
     """
-    values = _core.collect_leaf_objects(list(samples), leaf.path)
+    values = _leaf_objects(samples, leaf.path)
     row_shape = leaf.shape[1:]
     each_as_tensor = leaf.kind == _CAST_ARRAY
+    arrays = []
     for i, value in enumerate(values):
         if _is_torch_tensor(value):
             value = tensor_as_numpy(value)
@@ -736,21 +778,22 @@ def _fill_cast(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> None:
             array = np.asarray(value, dtype=object)
         if is_string_or_object_dtype(array.dtype):
             raise TypeError(_ERR_FORMAT.format(type(value)) + f" (at {format_path(leaf.path, i)})")
+        arrays.append(array)
+    # Every value is converted before any shape is compared, as torch makes
+    # all the tensors before it stacks them: a later value it cannot convert fails first.
+    for i, array in enumerate(arrays):
         if array.shape != row_shape:
-            raise RuntimeError(f"default_collate: {format_path(leaf.path, i)}: shape "
-                               f"{array.shape} != {row_shape} of {format_path(leaf.path, 0)}; "
-                               f"stacked arrays must all have the same shape")
+            raise _unequal_shapes(leaf.path, i, array.shape, row_shape)
         out[i] = array
 
 
-def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
+def _fill_tensors(samples: list, leaf: ArraySlot, out: np.ndarray) -> bool:
     """Stack tensors one sample at a time, promoted as ``torch.stack`` promotes them;
     False when the dtype changed (lay out again)."""
     import torch
 
-    values = _core.collect_leaf_objects(list(samples), leaf.path)
+    values = _leaf_objects(samples, leaf.path)
     _check_all_tensors(values, leaf.path)
-    first = format_path(leaf.path, 0)
     try:
         dtype = values[0].dtype
         for value in values[1:]:
@@ -767,11 +810,9 @@ def _fill_tensors(samples: Sequence, leaf: ArraySlot, out: np.ndarray) -> bool:
         leaf.dtype = promoted
         return False
     row_shape = leaf.shape[1:]
-    for i, value in enumerate(values):
-        if shapes[i] != row_shape:
-            raise RuntimeError(f"default_collate: {format_path(leaf.path, i)}: shape "
-                               f"{shapes[i]} != {row_shape} of {first}; stacked "
-                               f"tensors must all have the same shape")
+    for i, shape in enumerate(shapes):
+        if shape != row_shape:
+            raise _unequal_shapes(leaf.path, i, shape, row_shape)
     try:
         for i, value in enumerate(values):
             out[i] = tensor_as_numpy(value.to(dtype))
@@ -799,24 +840,26 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     if code == _core.COPY_OK:
         return True
     where, first = format_path(leaf.path, index), format_path(leaf.path, 0)
-    try:
-        values = _core.collect_leaf_objects(samples, leaf.path)
-    except (KeyError, IndexError, TypeError) as exc:  # a later sample lacks the leaf
-        raise _walk_error(samples, leaf.path, exc) from exc
+    values = _leaf_objects(samples, leaf.path)  # a later sample may lack the leaf
     bad = values[index]
     if leaf.kind == _ARRAY:
-        # torch makes a tensor of each array before stacking: an array of
-        # strings or objects fails there, whatever its shape.
+        # torch makes a tensor of each value before stacking them: an array of
+        # strings or objects, or a Python value that is no number (None, a
+        # str), fails there, whatever the shapes.
         not_data = next((i for i, value in enumerate(values) if isinstance(value, np.ndarray)
                          and is_string_or_object_dtype(value.dtype)),
                         None)
         if not_data is not None:
             raise TypeError(_ERR_FORMAT.format(values[not_data].dtype)
                             + f" (at {format_path(leaf.path, not_data)})")
+        not_numeric = next((i for i, value in enumerate(values)
+                            if not isinstance(value, (np.ndarray, np.generic))
+                            and not _is_torch_tensor(value) and _as_tensor_dtype(value) is None),
+                           None)
+        if not_numeric is not None:
+            raise _unlike_first(values, leaf.path, not_numeric, "a numpy array")
         if code == _core.COPY_BAD_SHAPE:
-            raise RuntimeError(f"default_collate: {where}: shape {tuple(bad.shape)} != "
-                               f"{leaf.shape[1:]} of {first}; stacked arrays must all have "
-                               f"the same shape")
+            raise _unequal_shapes(leaf.path, index, bad.shape, leaf.shape[1:])
         _refuse_unpromotable(values, leaf.path)
         # Mixed dtypes, or numbers and sequences beside the arrays: torch makes a
         # tensor of every value and stacks them, promoting; so do we (its rules).
@@ -826,10 +869,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
             if dtype is None and _is_torch_tensor(value):
                 raise _dtype_numpy_lacks(values, leaf.path, i)
             if dtype is None:
-                raise StructureMismatchError(
-                    f"default_collate: {format_path(leaf.path, i)} is {type(value).__name__}, "
-                    f"but {first} is a numpy array; every sample must have the structure of "
-                    f"the first")
+                raise _unlike_first(values, leaf.path, i, "a numpy array")
             dtypes.append(dtype)
         leaf.dtype = _promote_at(leaf, dtypes)
         leaf.kind = _CAST_ARRAY
@@ -839,10 +879,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
     # value must be a number (a 0-d array counts), not only the one that differed.
     wrong = next((i for i, value in enumerate(values) if not _is_number(value)), None)
     if wrong is not None:
-        raise StructureMismatchError(
-            f"default_collate: {format_path(leaf.path, wrong)} is {type(values[wrong]).__name__}, "
-            f"but {first} is {type(values[0]).__name__}; every sample must have the structure "
-            f"of the first")
+        raise _unlike_first(values, leaf.path, wrong, type(values[0]).__name__)
     lacking = next((i for i, value in enumerate(values) if _as_tensor_dtype(value) is None), None)
     if lacking is not None:
         raise _dtype_numpy_lacks(values, leaf.path, lacking)
@@ -909,57 +946,143 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
     again if a leaf turns out to need promotion (mixed dtypes), which changes
     the batch's size.
     """
-    samples = samples if isinstance(samples, list) else _sample_list(samples)
+    first = _first_sample(samples)
+    if isinstance(first, (str, bytes)):
+        # torch's collate_str_fn returns the batch object itself: the caller's
+        # list, a tuple from zip(*batch), or (batch_size=None) a str sample.
+        return BatchLayout(Value(samples)), allocate(0)
+    if type(samples) is not list:  # the kernels take exactly a list
+        samples = _sample_list(samples, first)
     layout = plan_collate(samples)
-    for path, expected in layout.length_checks:
-        try:
-            if expected is None:  # an empty mapping: only its presence is checked
-                _core.collect_leaf_objects(samples, path)
-                continue
-            index = _core.first_length_mismatch(samples, path, expected)
-        except (KeyError, IndexError, TypeError) as exc:
-            raise _walk_error(samples, path, exc) from exc
-        if index >= 0:
-            raise RuntimeError(f"each element in list of batch should be of equal size "
-                               f"({format_path(path, index)} has length "
-                               f"{len(_core.collect_leaf_objects([samples[index]], path)[0])}, "
-                               f"{format_path(path, 0)} has {expected})")
     leaves = layout.leaves()
-    while True:
-        buffer = allocate(layout.nbytes)
-        if all(_fill_leaf(samples, leaf, buffer) for leaf in leaves if isinstance(leaf, ArraySlot)):
-            break
-        layout.assign_offsets()  # a leaf was promoted: sizes changed, lay out again
-    for leaf in leaves:
-        if isinstance(leaf, Value):
-            try:
-                values = _core.collect_leaf_objects(samples, leaf.path)
-            except (KeyError, IndexError, TypeError) as exc:
-                raise _walk_error(samples, leaf.path, exc) from exc
-            if isinstance(leaf, TorchStacked):
-                leaf.value = leaf.stack(values)
-            else:
-                leaf.value = tuple(values) if leaf.as_tuple else values
-    return layout, buffer
+    try:
+        for path, expected in layout.length_checks:
+            _check_length(samples, path, expected)
+        while True:
+            buffer = allocate(layout.nbytes)
+            if all(_fill_leaf(samples, leaf, buffer) for leaf in leaves
+                   if isinstance(leaf, ArraySlot)):
+                break
+            layout.assign_offsets()  # a leaf was promoted: sizes changed, lay out again
+        for leaf in leaves:
+            if isinstance(leaf, Value):
+                _fill_value(samples, leaf)
+        return layout, buffer
+    except Exception as error:
+        fault = error
+    # Out of the handler, so that the fault raised does not show this one as
+    # its context; ``fault`` itself when no check fails again (an ``allocate``
+    # that failed, samples that change when read).
+    try:
+        _check_in_torch_order(samples, layout.root, ())  # NOTE [ The fault torch meets first ]
+        raise fault
+    finally:
+        del fault  # this frame, in its traceback, would hold it (and the samples) in a cycle
 
 
-def _sample_list(batch: Any) -> list:
-    """The samples of a batch given as another iterable than a list.
+def _check_length(samples: list, path: tuple, expected: int | None) -> None:
+    """torch's check of the sequences at ``path``: every sample has one, of
+    ``expected`` items; or, ``expected`` None, of the empty mapping there: every
+    sample has it."""
+    if expected is None:
+        _leaf_objects(samples, path)
+        return
+    try:
+        index = _core.first_length_mismatch(samples, path, expected)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise _walk_error(samples, path, exc) from exc
+    if index >= 0:
+        # torch gathers the sequences from every sample before it compares
+        # their lengths: a later sample without one fails first.
+        items = _leaf_objects(samples, path)
+        raise RuntimeError(f"each element in list of batch should be of equal size "
+                           f"({format_path(path, index)} has length {len(items[index])}, "
+                           f"{format_path(path, 0)} has {expected})")
 
-    A mapping is not a sequence of samples, though iterating it gives its
-    keys: a ``__getitems__`` that returns a collated batch (a dict of columns)
-    fails as in torch, whose ``batch[0]`` raises KeyError, instead of
-    collating the keys.
-    """
-    if isinstance(batch, collections.abc.Mapping):
-        problem = (f"default_collate takes a sequence of samples, got a "
-                   f"{type(batch).__name__} (does __getitems__ return a collated batch?)")
+
+def _fill_value(samples: list, leaf: Value) -> None:
+    """Set a ``Value`` leaf to the batch's objects there (or raise its refusal)."""
+    values = _leaf_objects(samples, leaf.path)  # torch gathers them before it looks at them
+    if isinstance(leaf, RefusedLeaf):
+        raise TypeError(leaf.message)
+    if isinstance(leaf, TorchStacked):
+        leaf.value = leaf.stack(values)
+    else:
+        leaf.value = tuple(values) if leaf.as_tuple else values
+
+
+# NOTE [ The fault torch meets first ]
+# torch's collate goes depth first through the first sample: under a mapping,
+# key by key, it gathers the key's items from every sample (a sample that
+# lacks it: KeyError) and collates them before the next key; a sequence has
+# its lengths compared before its items are collated.  collate_into checks by
+# kind instead -- every length, then every array leaf, then the other leaves
+# -- which keeps the kernels' loops together, but in a batch with two faults
+# (a later sample lacking "name" and with another shape of "image") it would
+# name another than torch, and often with another type.  So once a fault is
+# known, the checks run again, in torch's order, and the first that fails is
+# raised.  That costs a second pass, but only for a batch that fails anyway.
+
+def _check_in_torch_order(samples: list, node: Any, path: tuple) -> None:
+    """Run the checks of ``node``'s part of the batch (at ``path``) in torch's
+    order (NOTE [ The fault torch meets first ])."""
+    if isinstance(node, ArraySlot):
+        # Into scratch memory: pages untouched below the leaf's offset cost nothing.
+        while not _fill_leaf(samples, node, private_buffer(node.offset + node.nbytes)):
+            pass  # promoted: again, in its new dtype
+    elif isinstance(node, Value):
+        _fill_value(samples, node)
+    elif isinstance(node, MappingNode):
+        if not node.keys:
+            _check_length(samples, path, None)
+        for key, child in zip(node.keys, node.children):
+            _check_in_torch_order(samples, child, path + (key,))
+    else:
+        if isinstance(node, SequenceNode):
+            _check_length(samples, path, len(node.children))
+        for i, child in enumerate(node.children):
+            _check_in_torch_order(samples, child, path + (i,))
+
+
+def _first_sample(batch: Any) -> Any:
+    """``batch[0]``, where torch's collate starts: a batch it cannot index fails
+    with torch's error (IndexError for a 0-d array, TypeError for a generator
+    or a set, KeyError for a mapping of columns)."""
+    try:
+        return batch[0]
+    except (IndexError, KeyError, TypeError) as error:
         try:
-            batch[0]  # torch's first step: KeyError for a mapping of columns
-        except KeyError as error:
-            error.add_note(problem)
-            raise
-        raise TypeError(problem)
+            empty = isinstance(error, IndexError) and len(batch) == 0
+        except TypeError:  # the len() of a 0-d array
+            empty = False
+        if empty:  # torch's type, with a message that says why
+            raise IndexError("default_collate: cannot collate an empty batch (no samples)"
+                             ) from None
+        error.add_note(_not_samples(batch))
+        raise
+
+
+def _not_samples(batch: Any) -> str:
+    hint = " (does __getitems__ return a collated batch?)" \
+        if isinstance(batch, collections.abc.Mapping) else ""
+    return f"default_collate takes a sequence of samples, got a {type(batch).__name__}{hint}"
+
+
+def _sample_list(batch: Any, first: Any) -> list:
+    """The samples of a batch given as another sequence than a list, whose
+    ``batch[0]`` is ``first``; refused where torch's collate refuses them."""
+    if isinstance(batch, collections.abc.Mapping):
+        # A __getitems__ that returns a collated batch (a dict of columns) with
+        # a key 0: iterating it would collate its keys.
+        raise TypeError(_not_samples(batch))
+    if isinstance(batch, bytes):
+        # Its items are ints, which torch makes one tensor of: torch.tensor(bytes) refuses.
+        raise TypeError(f"default_collate: invalid data type '{type(batch).__name__}': "
+                        f"{_not_samples(batch)}")
+    if _is_torch_tensor(first) and not isinstance(batch, (list, tuple)):
+        raise TypeError(f"stack(): argument 'tensors' (position 1) must be tuple of Tensors, "
+                        f"not {type(batch).__name__}: default_collate stacks tensors as "
+                        f"torch.stack does, from a list or a tuple")
     return list(batch)
 
 
@@ -968,10 +1091,12 @@ def default_collate(batch: Sequence) -> Any:
 
     Arrays are stacked on a new first axis; Python ints, floats and bools
     become int64, float64 and bool arrays; numpy scalars keep their dtype;
-    strings and bytes stay lists; mappings are collated key by key (the first
-    sample's keys), namedtuples stay namedtuples, other sequences are
-    transposed (a tuple becoming a list).  Errors name the offending path,
-    e.g. ``batch[3]['image']``.
+    a batch of strings or bytes is returned as it is (so inside a sample's
+    sequence they come as a tuple, from ``zip(*batch)``, and under a mapping
+    as a list); mappings are collated key by key (the first sample's keys),
+    namedtuples stay namedtuples, other sequences are transposed (a tuple
+    becoming a list).  Errors are the first torch's collate would raise, and
+    name the offending path, e.g. ``batch[3]['image']``.
     """
     layout, buffer = collate_into(batch)
     return layout.build(buffer)

@@ -26,7 +26,9 @@ from __future__ import annotations
 import collections
 import collections.abc
 import copy
+import functools
 import itertools
+import operator
 import types
 import weakref
 from typing import NamedTuple
@@ -34,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from batch_compare import assert_same, assert_same_as_torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -420,7 +422,7 @@ def test_mixed_dtypes_in_later_samples_with_shapes():
     ours = default_collate(batch)
     assert ours.dtype == np.float32
     np.testing.assert_array_equal(ours, np.stack([b.astype("f4") for b in batch]))
-    with pytest.raises(RuntimeError, match=r"batch\[2\].*\(3,\)"):
+    with pytest.raises(RuntimeError, match=r"\(3,\) at batch\[2\]"):
         default_collate([np.zeros(2, "u1"), np.zeros(2, "f4"), np.zeros(3, "f4")])
 
 
@@ -520,10 +522,10 @@ def test_custom_mutable_mapping_sharing_storage(torch):
 
 
 def test_strings_inside_sequences_match_torch_container(torch):
-    # DIFFERENCE: torch returns a batch of strings as it gets it, and inside a
-    # sequence that is a tuple from zip(*batch): [("a", 1), ("b", 2)] ->
-    # [("a", "b"), tensor([1, 2])].  Ours gives ["a", "b"].  Code doing
-    # `names + ["x"]` or `isinstance(names, tuple)` sees the difference.
+    # torch returns a batch of strings as it gets it, and inside a sequence
+    # that is a tuple from zip(*batch): [("a", 1), ("b", 2)] ->
+    # [("a", "b"), tensor([1, 2])].  Code doing `names + ["x"]` or
+    # `isinstance(names, tuple)` would see a list there.
     batch = [("a", 1), ("b", 2)]
     theirs = torch_collate(torch, batch)
     ours = default_collate(batch)
@@ -546,6 +548,131 @@ def test_str_then_other_types_are_carried_as_is():
 def test_numpy_str_scalars_stay_strings():
     out = default_collate([np.str_("x"), np.str_("y")])
     assert out == ["x", "y"] and type(out[0]) is np.str_
+
+
+STRING_BATCHES = {
+    "list": lambda: ["a.jpg", "b.jpg"],
+    "tuple-from-zip": lambda: tuple(zip(*[("a.jpg", 0), ("b.jpg", 1)]))[0],
+    "str-sample": lambda: "ab",
+    "bytes-tuple": lambda: (b"x", b"y"),
+    "list-subclass": lambda: MyList(["a", "b"]),
+    "deque": lambda: collections.deque(["a", "b"]),
+    "custom-sequence": lambda: ROSeq(["a", "b"]),
+    "str-array": lambda: np.array(["a", "b"]),
+    "object-array": lambda: np.array(["a", 1], dtype=object),
+    "str-then-others": lambda: ("a", 1, None),
+    "numpy-str": lambda: (np.str_("a"), np.str_("b")),
+    "mapping-with-key-0": lambda: {0: "a", 1: "b"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRING_BATCHES))
+def test_a_batch_of_strings_is_returned_as_it_is_as_torchs(torch, name):
+    # torch looks at batch[0]: a str or bytes there, and its collate_str_fn
+    # returns the batch object itself, whatever holds the strings.
+    batch = STRING_BATCHES[name]()
+    assert torch.utils.data.default_collate(batch) is batch
+    assert default_collate(batch) is batch
+
+
+@pytest.mark.parametrize("make", [lambda: (x for x in [1, 2]), lambda: iter([1, 2]),
+                                  lambda: {1, 2}, lambda: {"a": "x"}.values(), lambda: 5,
+                                  lambda: None, lambda: (s for s in ["a", "b"])],
+                         ids=["generator", "iterator", "set", "dict-values", "int", "none",
+                              "generator-of-str"])
+def test_a_batch_that_cannot_be_indexed_is_torchs_type_error(torch, make):
+    # torch's first step is batch[0].
+    with pytest.raises(TypeError):
+        torch.utils.data.default_collate(make())
+    with pytest.raises(TypeError, match="not subscriptable"):
+        default_collate(make())
+
+
+@pytest.mark.parametrize("make", [lambda: np.array(5), lambda: np.array(1.5, "f4")],
+                         ids=["int", "float32"])
+def test_a_0d_array_as_the_batch_is_torchs_index_error(torch, make):
+    # The DataLoader's batch_size=None with collate_fn=default_collate, on a
+    # dataset of 0-d arrays: torch's batch[0] of a 0-d tensor is an IndexError.
+    with pytest.raises(IndexError):
+        torch.utils.data.default_collate(torch.as_tensor(make()))
+    with pytest.raises(IndexError) as info:
+        default_collate(make())
+    assert "0-dimensional" in str(info.value)
+    assert "takes a sequence of samples" in "".join(info.value.__notes__)
+    with pytest.raises(IndexError):
+        default_collate(torch.tensor(5))
+
+
+@pytest.mark.parametrize("make", [lambda: b"ab", lambda: np.bytes_(b"ab")],
+                         ids=["bytes", "np.bytes_"])
+def test_bytes_as_the_batch_is_torchs_type_error(torch, make):
+    # batch[0] of bytes is an int, and torch.tensor(bytes) refuses bytes
+    # (a bytearray it takes, as a sequence of ints).
+    with pytest.raises(TypeError, match="invalid data type"):
+        torch.utils.data.default_collate(make())
+    with pytest.raises(TypeError, match="invalid data type"):
+        default_collate(make())
+    assert_same_as_torch(default_collate(bytearray(b"ab")),
+                         torch.utils.data.default_collate(bytearray(b"ab")))
+
+
+@pytest.mark.parametrize("name", ["int", "float", "array", "dict", "tuple", "namedtuple", "str"])
+@pytest.mark.parametrize("outer", [tuple, MyList, collections.deque, ROSeq],
+                         ids=lambda t: t.__name__)
+def test_any_sequence_of_samples_collates_as_torchs(torch, name, outer):
+    batch = outer([STRUCTURES[name](i) for i in range(3)])
+    assert_same_as_torch(default_collate(batch), torch.utils.data.default_collate(batch))
+
+
+@pytest.mark.parametrize("outer", [collections.deque, ROSeq,
+                                   lambda t: np.array(t + [None], object)[:2]],
+                         ids=["deque", "custom-sequence", "object-array"])
+def test_tensors_in_another_sequence_than_a_list_or_tuple_fail_as_torch_stack(torch, outer):
+    batch = outer([torch.ones(2), torch.zeros(2)])
+    with pytest.raises(TypeError, match="must be tuple of Tensors"):
+        torch.utils.data.default_collate(batch)
+    with pytest.raises(TypeError, match="must be tuple of Tensors"):
+        default_collate(batch)
+    assert torch.equal(default_collate(MyList([torch.ones(2), torch.zeros(2)])),
+                       torch.stack([torch.ones(2), torch.zeros(2)]))
+
+
+STRING_DATASETS = {
+    # batch_size=None, collate_fn=default_collate: each sample is a "batch"
+    "str-samples-unbatched": (["ab", "cd", "ef"], None),
+    "tuple-of-str-samples-unbatched": ([("a.jpg", "b.jpg"), ("c.jpg", "d.jpg")], None),
+    "list-of-str-samples-unbatched": ([["a.jpg", "b.jpg"], ["c.jpg", "d.jpg"]], None),
+    # auto-batching
+    "str-samples": (["ab", "cd", "ef", "gh"], 2),
+    "tuple-of-str-samples": ([("a.jpg", "cat"), ("b.jpg", "dog"), ("c.jpg", "cow")], 2),
+    "dict-with-str-samples": ([{"name": f"n{i}", "y": i} for i in range(4)], 2),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", sorted(STRING_DATASETS))
+def test_a_dataset_of_strings_loads_as_torchs(torch, name, num_workers):
+    samples, batch_size = STRING_DATASETS[name]
+    theirs = list(torch.utils.data.DataLoader(samples, batch_size=batch_size,
+                                              collate_fn=torch.utils.data.default_collate))
+    ours = list(fastload.DataLoader(samples, batch_size=batch_size, num_workers=num_workers,
+                                    collate_fn=default_collate))
+    assert_same_as_torch(ours, theirs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("sample,expected", [(np.array(5), IndexError), (b"ab", TypeError)],
+                         ids=["0-d-array", "bytes"])
+def test_unbatched_samples_default_collate_refuses_fail_as_torchs(torch, sample, expected,
+                                                                   num_workers):
+    with pytest.raises(expected):
+        list(torch.utils.data.DataLoader([sample], batch_size=None,
+                                         collate_fn=torch.utils.data.default_collate))
+    with pytest.raises(expected):
+        list(fastload.DataLoader([sample], batch_size=None, num_workers=num_workers,
+                                 collate_fn=default_collate))
 
 
 def test_samples_holding_tensors_give_torchs_batch_of_tensors(torch):
@@ -752,8 +879,99 @@ def test_shape_mismatch_names_path_and_shapes(torch):
 
 def test_shape_mismatch_ndim_and_nested_sequence_path():
     batch = [[0, (np.zeros(2), "s")], [1, (np.zeros((2, 1)), "t")]]
-    with pytest.raises(RuntimeError, match=r"batch\[1\]\[1\]\[0\].*\(2, 1\).*\(2,\)"):
+    with pytest.raises(RuntimeError, match=r"\(2,\) at batch\[0\]\[1\]\[0\] and \(2, 1\) at "
+                                           r"batch\[1\]\[1\]\[0\]"):
         default_collate(batch)
+
+
+SHAPE_MISMATCHES = {
+    "arrays": lambda torch: [{"image": np.zeros((3, 4), "f4")}, {"image": np.zeros((3, 5), "f4")}],
+    "promoted-arrays": lambda torch: [{"image": np.zeros((3, 4), "u1")},
+                                      {"image": np.zeros((3, 5), "f4")}],
+    "later-promoted-arrays": lambda torch: [{"image": np.zeros((3, 4), "u1")},
+                                            {"image": np.zeros((3, 4), "f4")},
+                                            {"image": np.zeros((3, 5), "f4")}],
+    "tensors": lambda torch: [{"image": torch.zeros(3, 4)}, {"image": torch.zeros(3, 5)}],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPE_MISMATCHES))
+def test_shape_mismatch_says_what_torch_stack_says(torch, name):
+    batch = SHAPE_MISMATCHES[name](torch)
+    phrase = "stack expects each tensor to be equal size"
+    assert phrase in str(_torch_error(torch, batch))
+    with pytest.raises(RuntimeError) as info:
+        default_collate(batch)
+    msg = str(info.value)
+    assert msg.startswith(phrase)
+    assert "(3, 4) at batch[0]['image']" in msg
+    assert f"(3, 5) at batch[{len(batch) - 1}]['image']" in msg
+
+
+TWO_FAULTS = {
+    # A later sample lacks a key and has another shape: torch meets whichever
+    # comes first in the first sample's key order.
+    "missing-key-first": [{"name": "a", "image": np.zeros(3)}, {"name": "b", "image": np.zeros(3)},
+                          {"image": np.zeros(4)}],
+    "shape-first": [{"image": np.zeros(3), "name": "a"}, {"image": np.zeros(3), "name": "b"},
+                    {"image": np.zeros(4)}],
+    "missing-key-before-a-refused-leaf": [{"a": 1, "b": None}, {"b": None}],
+    "unequal-lengths-before-a-refused-leaf": [{"s": [1, 2], "n": None}, {"s": [1], "n": None}],
+    "shape-before-unequal-lengths": [{"x": np.zeros(2), "s": [1, 2]}, {"x": np.zeros(3), "s": [1]}],
+    "missing-key-after-unequal-lengths": [{"s": [1, 2]}, {"s": [1]}, {}],
+    "missing-key-before-unequal-lengths": [{"n": "a", "s": [1, 2]}, {"s": [1]}],
+    "missing-key-before-tensor-shape": [{"n": "a", "t": "T3"}, {"n": "b", "t": "T3"}, {"t": "T4"}],
+    # torch gathers a key from every sample before it looks inside: a later
+    # sample lacking it outright fails before an earlier one whose item has no key below.
+    "shallow-missing-key-after-deep-one": [{"a": {"b": 1}}, {"a": 5}, {}],
+    # torch makes a tensor of every value before it stacks them.
+    "str-after-a-shape-mismatch": [np.zeros(2), np.zeros(3), "ab"],
+    "overflow-after-a-promoted-shape-mismatch": [np.zeros(2, "u1"), np.zeros(2, "f4"),
+                                                 np.zeros(3, "f4"), 2**70],
+    "str-in-a-dict-after-a-shape-mismatch": [{"x": np.zeros(2)}, {"x": np.zeros(3)}, {"x": "s"}],
+}
+
+
+def _with_tensors(torch, batch):
+    """``batch`` with each "T<n>" a tensor of n zeros."""
+    if isinstance(batch, dict):
+        return {key: _with_tensors(torch, value) for key, value in batch.items()}
+    if isinstance(batch, list):
+        return [_with_tensors(torch, value) for value in batch]
+    if isinstance(batch, str) and batch.startswith("T"):
+        return torch.zeros(int(batch[1:]))
+    return batch
+
+
+@pytest.mark.parametrize("name", sorted(TWO_FAULTS))
+def test_of_two_faults_the_one_torch_meets_first_is_raised(torch, name):
+    batch = _with_tensors(torch, TWO_FAULTS[name])
+    theirs = _torch_error(torch, batch)
+    with pytest.raises(type(theirs)) as info:
+        default_collate(batch)
+    # The same fault, not only the same type: torch's KeyError names the key,
+    # its other errors start with their own phrase.
+    ours = str(info.value)
+    if isinstance(theirs, KeyError):
+        assert isinstance(info.value, KeyError) and f"has no item {theirs.args[0]!r}" in ours
+    elif "stack expects" in str(theirs):
+        assert ours.startswith("stack expects")
+    elif "each element in list of batch" in str(theirs):
+        assert ours.startswith("each element in list of batch")
+    elif "default_collate: batch must contain" in str(theirs):
+        assert ours.startswith(ERR_START)
+    else:
+        assert "stack expects" not in ours and "each element" not in ours
+
+
+@pytest.mark.parametrize("name", sorted(TWO_FAULTS))
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.timeout(120)
+def test_of_two_faults_a_worker_raises_the_one_torch_meets_first(torch, name, num_workers):
+    batch = _with_tensors(torch, TWO_FAULTS[name])
+    expected = type(_torch_error(torch, batch))
+    with pytest.raises(expected):
+        list(fastload.DataLoader(batch, batch_size=len(batch), num_workers=num_workers))
 
 
 def test_missing_key_raises_keyerror_naming_sample(torch):
@@ -1374,6 +1592,54 @@ def test_fuzz_against_torch(torch, batch):
 def test_fuzz_convert_against_torch(torch, batch):
     sample = batch[0]
     assert_same_as_torch(default_convert(sample), torch_convert(torch, sample))
+
+
+def _fault_sites(obj, path=()):
+    """The paths of the items in ``obj`` whose container can take a fault (a dict's, a list's)."""
+    if isinstance(obj, (dict, list, tuple)):
+        for key, value in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+            if isinstance(obj, (dict, list)):
+                yield path + (key,)
+            yield from _fault_sites(value, path + (key,))
+
+
+@st.composite
+def faulty_batches(draw):
+    """A batch of ``batches()`` whose later samples have one to three faults:
+    an item deleted, replaced by None, or by an array of another shape."""
+    batch = draw(batches())
+    assume(len(batch) >= 2)
+    for _ in range(draw(st.integers(1, 3))):
+        sample = batch[draw(st.integers(1, len(batch) - 1))]
+        sites = list(_fault_sites(sample))
+        assume(sites)
+        path = draw(st.sampled_from(sites))
+        parent = functools.reduce(operator.getitem, path[:-1], sample)
+        fault = draw(st.sampled_from(["delete", "none", "reshape"]))
+        if fault == "delete":
+            del parent[path[-1]]
+        elif fault == "none":
+            parent[path[-1]] = None
+        else:
+            shape = getattr(parent[path[-1]], "shape", ())
+            parent[path[-1]] = np.zeros(shape + (1,))
+    return batch
+
+
+@pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy.ndarrays")
+@FUZZ
+@given(batch=faulty_batches())
+def test_fuzz_faults_against_torch(torch, batch):
+    # Of several faults, the one torch meets first, with its type and phrase.
+    try:
+        theirs = torch_collate(torch, batch)
+    except Exception as exc:  # noqa: BLE001
+        with pytest.raises(type(exc)) as info:
+            default_collate(batch)
+        for phrase in ("stack expects each tensor", "each element in list of batch"):
+            assert (phrase in str(exc)) == str(info.value).startswith(phrase), (exc, info.value)
+    else:
+        assert_same_as_torch(default_collate(batch), theirs)
 
 
 def test_public_api_exports():
