@@ -38,6 +38,14 @@ from fastload import _core
 __all__ = [
     "default_collate",
     "default_convert",
+    "collate",
+    "default_collate_fn_map",
+    "collate_numpy_array_fn",
+    "collate_numpy_scalar_fn",
+    "collate_float_fn",
+    "collate_int_fn",
+    "collate_str_fn",
+    "collate_tensor_fn",
     "BatchLayout",
     "ArraySlot",
     "Value",
@@ -84,6 +92,11 @@ class StructureMismatchError(TypeError, RuntimeError):
     what torch raises there ("Could not infer dtype of NoneType"), so code
     written against either catches it.
     """
+
+
+def _refusal(found: Any, path: tuple, index: int = 0) -> str:
+    """torch's message for a leaf its collate refuses, and where the leaf sits."""
+    return _ERR_FORMAT.format(found) + f" (at {format_path(path, index)})"
 
 
 def _align(n: int) -> int:
@@ -230,7 +243,7 @@ class RefusedLeaf(Value):
 
     def __init__(self, found: Any, path: tuple) -> None:
         super().__init__(None, path)
-        self.message = _ERR_FORMAT.format(found) + f" (at {format_path(path, 0)})"
+        self.message = _refusal(found, path)
 
 
 def _check_all_tensors(values: list, path: tuple) -> None:
@@ -777,7 +790,7 @@ def _fill_cast(samples: list, leaf: ArraySlot, out: np.ndarray) -> None:
         except (TypeError, ValueError):
             array = np.asarray(value, dtype=object)
         if is_string_or_object_dtype(array.dtype):
-            raise TypeError(_ERR_FORMAT.format(type(value)) + f" (at {format_path(leaf.path, i)})")
+            raise TypeError(_refusal(type(value), leaf.path, i))
         arrays.append(array)
     # Every value is converted before any shape is compared, as torch makes
     # all the tensors before it stacks them: a later value it cannot convert fails first.
@@ -850,8 +863,7 @@ def _fill_leaf(samples: list, leaf: ArraySlot, buffer: np.ndarray) -> bool:
                          and is_string_or_object_dtype(value.dtype)),
                         None)
         if not_data is not None:
-            raise TypeError(_ERR_FORMAT.format(values[not_data].dtype)
-                            + f" (at {format_path(leaf.path, not_data)})")
+            raise TypeError(_refusal(values[not_data].dtype, leaf.path, not_data))
         not_numeric = next((i for i, value in enumerate(values)
                             if not isinstance(value, (np.ndarray, np.generic))
                             and not _is_torch_tensor(value) and _as_tensor_dtype(value) is None),
@@ -995,9 +1007,14 @@ def _check_length(samples: list, path: tuple, expected: int | None) -> None:
         # torch gathers the sequences from every sample before it compares
         # their lengths: a later sample without one fails first.
         items = _leaf_objects(samples, path)
-        raise RuntimeError(f"each element in list of batch should be of equal size "
-                           f"({format_path(path, index)} has length {len(items[index])}, "
-                           f"{format_path(path, 0)} has {expected})")
+        raise _unequal_lengths(path, index, len(items[index]), expected)
+
+
+def _unequal_lengths(path: tuple, index: int, length: int, expected: int) -> RuntimeError:
+    """torch's error for sequences of unequal lengths, naming the two samples."""
+    return RuntimeError(f"each element in list of batch should be of equal size "
+                        f"({format_path(path, index)} has length {length}, "
+                        f"{format_path(path, 0)} has {expected})")
 
 
 def _fill_value(samples: list, leaf: Value) -> None:
@@ -1098,8 +1115,190 @@ def default_collate(batch: Sequence) -> Any:
     becoming a list).  Errors are the first torch's collate would raise, and
     name the offending path, e.g. ``batch[3]['image']``.
     """
+    if default_collate_fn_map == _PRISTINE_FN_MAP:  # NOTE [ The collate_fn_map ]
+        return _collate_by_layout(batch)
+    return collate(batch, collate_fn_map=default_collate_fn_map)
+
+
+def _collate_by_layout(batch: Sequence) -> Any:
+    """``default_collate`` as fastload makes it: one layout, filled by the kernels."""
     layout, buffer = collate_into(batch)
     return layout.build(buffer)
+
+
+# --------------------------------------------------------------------------
+# collate(batch, collate_fn_map=...): torch's extension point.
+# --------------------------------------------------------------------------
+
+# NOTE [ The collate_fn_map ]
+# torch's default_collate is collate(batch, collate_fn_map=default_collate_fn_map):
+# a batch whose first element's type (exactly, else by isinstance over the
+# keys in order) is a key goes to that key's function, mappings, namedtuples
+# and sequences are taken apart and collated again with the same map.  Code
+# written for torch adds its own types to the map (or calls collate() with a
+# map of its own), so fastload has both, with numpy's types as keys and
+# fastload's own collation (_collate_by_layout) behind every built-in key.
+#
+# fastload's default_collate is not that recursion but one layout filled by
+# the kernels (collate_into), which is also how a worker writes a batch into
+# its ring slot.  It gives what the recursion gives as long as the map holds
+# only fastload's entries, so it is taken while default_collate_fn_map equals
+# the snapshot taken at import, _PRISTINE_FN_MAP.  That comparison is the whole
+# cost of the extension point on the fast path: a dict compare of a handful of
+# entries whose values are the same objects (~0.2 us a batch).  Once the map is
+# changed (a type added, an entry replaced), default_collate, and the
+# DataLoader's default collation (see BatchSource), is torch's recursion over
+# it; restoring the entries brings the fast path back.
+#
+# torch.Tensor is torch's first key.  fastload never imports torch, so the key
+# is there only once torch is: put first at import when torch is loaded
+# already, else by the first collate() over the default map after torch is
+# (_key_torch_tensor), in the snapshot too, so that it is no change.
+
+# torch's annotation of a collate_fn_map.
+CollateFnMap = dict[type | tuple[type, ...], Callable[..., Any]]
+
+
+def collate_numpy_array_fn(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None
+                           ) -> Any:
+    """Arrays (``np.memmap`` too) stacked on a new first axis, as ``default_collate``
+    stacks them (torch's promotion, its refusal of strings and objects)."""
+    return _collate_by_layout(batch)
+
+
+def collate_numpy_scalar_fn(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None
+                            ) -> Any:
+    """numpy scalars as one array of their dtype, as ``default_collate`` makes them."""
+    return _collate_by_layout(batch)
+
+
+def collate_float_fn(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Python floats as a float64 array, as ``default_collate`` makes them."""
+    return _collate_by_layout(batch)
+
+
+def collate_int_fn(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Python ints (bools) as an int64 (bool) array, as ``default_collate`` makes them."""
+    return _collate_by_layout(batch)
+
+
+def collate_str_fn(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """Strings and bytes: the batch itself, as torch's (and ``default_collate``) returns it."""
+    return batch
+
+
+def collate_tensor_fn(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """torch tensors stacked as ``torch.stack`` stacks them, as ``default_collate`` does."""
+    return _collate_by_layout(batch)
+
+
+# torch's keys, in torch's order, with numpy's types (np.memmap is an
+# ndarray: found by isinstance, as in torch).  torch.Tensor: NOTE [ The collate_fn_map ].
+default_collate_fn_map: CollateFnMap = {
+    np.ndarray: collate_numpy_array_fn,
+    # The scalars of numpy's hierarchy but its strings (str and bytes, below).
+    (np.bool_, np.number, np.object_): collate_numpy_scalar_fn,
+    float: collate_float_fn,
+    int: collate_int_fn,
+    str: collate_str_fn,
+    bytes: collate_str_fn,
+}
+_PRISTINE_FN_MAP: CollateFnMap = dict(default_collate_fn_map)
+_torch_keyed = False
+
+
+def _key_torch_tensor() -> None:
+    """torch.Tensor as the first key of the default map and its snapshot, once torch is
+    loaded (NOTE [ The collate_fn_map ]); an entry of the caller's for it is kept."""
+    global _torch_keyed
+    tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor_type is None:
+        return
+    _torch_keyed = True
+    for fn_map in (_PRISTINE_FN_MAP, default_collate_fn_map):
+        if tensor_type not in fn_map:
+            # A dict puts a new key last; torch's order has it first.
+            entries = list(fn_map.items())
+            fn_map.clear()
+            fn_map[tensor_type] = collate_tensor_fn
+            fn_map.update(entries)
+
+
+_key_torch_tensor()
+
+
+def fn_map_is_pristine() -> bool:
+    """Whether ``default_collate_fn_map`` holds only fastload's own entries, so that
+    ``default_collate`` is the layout path (NOTE [ The collate_fn_map ])."""
+    return default_collate_fn_map == _PRISTINE_FN_MAP
+
+
+def collate(batch: Sequence, *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """torch's general collate: the first element's type, exactly and then by
+    ``isinstance`` over the keys in order, picks a function of ``collate_fn_map``,
+    called as ``fn(batch, collate_fn_map=collate_fn_map)``; else mappings,
+    namedtuples and sequences are collated element-wise with the same map (a
+    tuple becoming a list); anything else is a ``TypeError``.
+
+    ``default_collate(batch)`` is ``collate(batch, collate_fn_map=default_collate_fn_map)``.
+    """
+    if not _torch_keyed and collate_fn_map is default_collate_fn_map:
+        _key_torch_tensor()
+    return _collate(batch, collate_fn_map, ())
+
+
+def _collate(batch: Sequence, collate_fn_map: CollateFnMap | None, path: tuple) -> Any:
+    """``collate`` of the items at ``path`` of the samples: torch's recursion, step for
+    step (its errors, and its second pass when a mapping cannot be rebuilt)."""
+    elem = _first_sample(batch)
+    elem_type = type(elem)
+    if collate_fn_map is not None:
+        if elem_type in collate_fn_map:
+            return collate_fn_map[elem_type](batch, collate_fn_map=collate_fn_map)
+        for collate_type in collate_fn_map:
+            if isinstance(elem, collate_type):
+                return collate_fn_map[collate_type](batch, collate_fn_map=collate_fn_map)
+
+    def column(samples: Sequence, key: Any) -> Any:
+        return _collate(samples, collate_fn_map, path + (key,))
+
+    if isinstance(elem, collections.abc.Mapping):
+        def by_key() -> dict:
+            return {key: column([d[key] for d in batch], key) for key in elem}
+
+        try:
+            if isinstance(elem, collections.abc.MutableMapping):
+                # A clone keeps what a mapping type holds beside its items.
+                clone = copy.copy(elem)
+                clone.update(by_key())
+                return clone
+            return elem_type(by_key())
+        except TypeError:
+            return by_key()  # a type that cannot be cloned or rebuilt so: a dict
+    if isinstance(elem, tuple) and hasattr(elem, "_fields"):
+        return elem_type(*(column(samples, i) for i, samples in enumerate(zip(*batch))))
+    if isinstance(elem, collections.abc.Sequence):
+        expected = len(elem)
+        for index, sample in enumerate(batch):
+            if len(sample) != expected:
+                raise _unequal_lengths(path, index, len(sample), expected)
+        transposed = list(zip(*batch))
+
+        def by_position() -> list:
+            return [column(samples, i) for i, samples in enumerate(transposed)]
+
+        if isinstance(elem, tuple):
+            return by_position()  # a list, as torch's ("backwards compatibility")
+        try:
+            if isinstance(elem, collections.abc.MutableSequence):
+                clone = copy.copy(elem)
+                for i, samples in enumerate(transposed):
+                    clone[i] = column(samples, i)
+                return clone
+            return elem_type(by_position())
+        except TypeError:
+            return by_position()  # e.g. a range: a list
+    raise TypeError(_refusal(elem_type, path))
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,12 @@ to make a batch:
 * the default collate: samples are fetched (``__getitems__`` when the dataset
   has it) and the ``_core`` kernels copy them into the buffer;
 * any other ``collate_fn``: its output is packed into the buffer as it is.
+
+The first two are ``default_collate`` only while ``default_collate_fn_map``
+holds fastload's own entries; once it is changed, the default collate is
+torch's recursion over the map (NOTE [ The collate_fn_map ] in collate.py)
+and its output is packed as a custom ``collate_fn``'s is.  That is checked
+for every batch, as torch looks the map up at every call.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import numpy as np
 
 from fastload import _core
 from fastload.collate import (BatchLayout, ArraySlot, SequenceNode, collate_into, default_collate,
-                              is_string_or_object_dtype, pack_into, private_buffer)
+                              fn_map_is_pristine, is_string_or_object_dtype, pack_into,
+                              private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload.rng import seed_transform_rng
 
@@ -145,7 +152,7 @@ class BatchSource:
         they are not all integers (a float, a string, a bool): then the batch
         is made sample by sample, so the dataset's own indexing answers, as
         torch's ``TensorDataset`` does, instead of a cast truncating 1.7 to 1."""
-        if self._arrays is None:
+        if self._arrays is None or not fn_map_is_pristine():
             return None
         if kernel_batch:  # our BatchSampler's int64 array
             return indices
@@ -185,10 +192,12 @@ class BatchSource:
         rows = self._integer_rows(indices, kernel_batch)
         if rows is not None:
             layout, buffer = self._gather_arrays(rows, private_buffer)
-        elif self.default_collate and self.as_torch:
+        elif self.default_collate and self.as_torch and fn_map_is_pristine():
             layout, buffer = collate_into(self._fetch(indices, kernel_batch))
         else:
-            return self.collate_fn(self._fetch(indices, kernel_batch))
+            batch = self.collate_fn(self._fetch(indices, kernel_batch))
+            # as_torch with a changed map: no layout says which leaves are data.
+            return to_torch(batch) if self.as_torch else batch
         return (layout.as_torch() if self.as_torch else layout).build(buffer)
 
     def make_into(self, batch_no: int, indices: Any, kernel_batch: bool,
@@ -199,6 +208,6 @@ class BatchSource:
         if rows is not None:
             return self._gather_arrays(rows, allocate)[0]
         data = self._fetch(indices, kernel_batch)
-        if self.default_collate:
+        if self.default_collate and fn_map_is_pristine():
             return collate_into(data, allocate)[0]
         return pack_into(self.collate_fn(data), allocate)[0]
