@@ -66,7 +66,7 @@ from typing import Any
 from fastload._core import join_strings
 from fastload.collate import BatchLayout
 
-__all__ = ["LayoutSender", "LayoutReceiver"]
+__all__ = ["LayoutSender", "LayoutReceiver", "dumps_as_torch_queues"]
 
 # A worker remembers at most this many layouts; past that (batches whose
 # shapes keep changing) a layout travels whole and is not kept.
@@ -168,6 +168,12 @@ def _dumps(obj: Any) -> tuple[bytes, bool]:
     pickler = _WirePickler(buffer)
     pickler.dump(obj)
     return buffer.getvalue(), pickler.handed_over
+
+
+def dumps_as_torch_queues(obj: Any) -> bytes:
+    """``obj`` pickled with ``ForkingPickler``'s reductions, as a torch
+    worker's queue pickles it (NOTE [ Pickled as torch's workers pickle ])."""
+    return _dumps(obj)[0]
 
 
 def _unpickle_values(data: bytes) -> list:

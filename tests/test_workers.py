@@ -821,7 +821,8 @@ def assert_same_objects_as_torch(ours, theirs, path="batch"):
     assert type(ours) is type(theirs), f"{path}: {type(ours)} is not {type(theirs)}"
     if isinstance(theirs, torch.Tensor):
         assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape), path
-        assert ours.view(torch.uint8).tolist() == theirs.view(torch.uint8).tolist(), path
+        assert ours.reshape(-1).view(torch.uint8).tolist() == \
+            theirs.reshape(-1).view(torch.uint8).tolist(), path
     elif isinstance(theirs, np.ndarray):
         np.testing.assert_array_equal(ours, theirs, err_msg=path)
     elif dataclasses.is_dataclass(theirs):
@@ -872,6 +873,53 @@ def test_a_mapping_clone_holding_such_a_tensor_arrives_as_from_torchs_workers(to
         assert_same_objects_as_torch(mine.unit, yours.unit, "batch.unit")
         assert type(mine) is Measured and list(mine) == list(yours) == ["x"]
         np.testing.assert_array_equal(mine["x"], yours["x"].numpy())
+
+
+INDEX_DTYPES = ("int64", *UNPICKLABLE_DTYPES)
+
+
+class IndexTensorBatches:
+    """A batch sampler yielding index tensors (e.g. ``torch.randperm(n).split(b)``,
+    cast), one batch of each of ``INDEX_DTYPES``."""
+
+    def __init__(self, elementwise=False):
+        self.elementwise = elementwise
+
+    def __iter__(self):
+        torch = sys.modules["torch"]
+        for number, dtype in enumerate(INDEX_DTYPES):
+            batch = torch.arange(number, number + 3).to(getattr(torch, dtype))
+            yield list(batch) if self.elementwise else batch
+
+    def __len__(self):
+        return len(INDEX_DTYPES)
+
+
+class EchoIndex:
+    """Gives back the index it is given, as the dataset received it."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, index):
+        return index
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("method, elementwise", [("fork", False), ("fork", True), ("spawn", False)],
+                         ids=["tensor-fork", "list_of_tensors-fork", "tensor-spawn"])
+def test_index_tensors_of_every_dtype_reach_the_workers_as_in_torch(torch, method, elementwise,
+                                                                    no_leaks):
+    # Tasks holding a uint16 (and other) tensor were pickled plainly, which
+    # torch 2.13 cannot unpickle: the worker died at its first task.
+    kwargs = dict(batch_sampler=IndexTensorBatches(elementwise), num_workers=2,
+                  multiprocessing_context=method, collate_fn=list)
+    theirs = list(torch.utils.data.DataLoader(EchoIndex(), **kwargs))
+    ours = list(DataLoader(EchoIndex(), **kwargs))
+    assert len(ours) == len(INDEX_DTYPES)
+    assert [str(batch[0].dtype) for batch in ours] == [f"torch.{dtype}" for dtype in INDEX_DTYPES]
+    assert_same_objects_as_torch(ours, theirs)
 
 
 @pytest.mark.timeout(120)
