@@ -375,19 +375,8 @@ def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[An
 
 
 def _may_hold_tensors(indices: Any) -> bool:
-    """Whether a sampler's batch must be pickled as torch's index queues pickle.
-
-    NOTE [ Tasks that may hold tensors ]
-    torch's workers get their tasks through multiprocessing queues, which
-    pickle with ``ForkingPickler``'s reductions: a tensor goes as a handle to
-    shared memory.  Plain pickling is not the same: in torch 2.13 a uint16,
-    uint32, uint64, float8 or complex32 tensor so pickled does not unpickle,
-    and the worker died of a batch sampler yielding such index tensors.  So a
-    batch that may hold tensors (torch is loaded, and it is not an ndarray)
-    is pickled with those reductions, which costs a list of ints 1-3
-    microseconds more; an int64 index tensor costs about the same either way
-    (its plain pickling also copies it through ``torch.save``).
-    """
+    """Whether a sampler's batch may hold tensors (NOTE [ Tasks that may hold
+    tensors ] in layout_wire.py): it is not an ndarray, and torch is loaded."""
     return type(indices) is not np.ndarray and "torch" in sys.modules
 
 
@@ -843,7 +832,7 @@ class _MultiProcessIter(_BaseIter):
             self._pool.send(worker, ("batch", batch_no, tuple(slot), True, indices.tobytes()))
         else:
             self._pool.send(worker, ("batch", batch_no, tuple(slot), False, indices),
-                            as_torch_queues=_may_hold_tensors(indices))
+                            may_hold_tensors=_may_hold_tensors(indices))
 
     def _receive(self, awaited: int | None = None) -> tuple[int, tuple]:
         """``(worker, reply)``: the next reply from ``awaited`` (None: any worker) or

@@ -52,7 +52,7 @@ from fastload import pipe_ends
 from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
 from fastload.interrupts import signals_deferred, signals_held
-from fastload.layout_wire import dumps_as_torch_queues
+from fastload.layout_wire import dumps_task
 from fastload.ring import Segment, unlink_name
 from fastload.weak_registry import WeakRegistry
 from fastload.worker import STOP_MESSAGE, worker_loop
@@ -314,12 +314,12 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return list(self._pids)
 
-    def _pack(self, message: Any, as_torch_queues: bool = False) -> bytes:
-        """``message``'s bytes for a task pipe.  ``as_torch_queues``: pickled
-        with ForkingPickler's reductions, as torch's index queues pickle
-        (NOTE [ Tasks that may hold tensors ] in dataloader.py)."""
-        if as_torch_queues:
-            data = dumps_as_torch_queues(message)
+    def _pack(self, message: Any, may_hold_tensors: bool = False) -> bytes:
+        """``message``'s bytes for a task pipe.  ``may_hold_tensors``: tensors
+        in it travel as torch's do where plain pickling would not rebuild
+        them (NOTE [ Tasks that may hold tensors ] in layout_wire.py)."""
+        if may_hold_tensors:
+            data = dumps_task(message)
         else:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) <= self._max_task_bytes:
@@ -331,8 +331,8 @@ class WorkerPool:
         self._message_names.append(name)
         return pickle.dumps(("indirect", name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
 
-    def send(self, worker_id: int, message: Any, as_torch_queues: bool = False) -> None:
-        self._send_bytes(worker_id, self._pack(message, as_torch_queues))
+    def send(self, worker_id: int, message: Any, may_hold_tensors: bool = False) -> None:
+        self._send_bytes(worker_id, self._pack(message, may_hold_tensors))
 
     def broadcast(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)

@@ -324,3 +324,33 @@ def test_tensors_torchs_reduction_would_rebuild_wrong_keep_their_own_pickling(to
     assert torch.equal(got.quantized.dequantize(), sent.quantized.dequantize())
     assert got.conjugated.is_conj() and torch.equal(got.conjugated, sent.conjugated)
     assert got.negated.is_neg() and torch.equal(got.negated, sent.negated)
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_tasks_are_pickled_plainly_unless_a_tensor_would_not_unpickle(torch, tickets):
+    from fastload.layout_wire import dumps_task
+
+    # Plain, as before: ints, arrays, tensors whose dtype plain pickling
+    # rebuilds, and objects with a ForkingPickler reduction (a task is no
+    # batch value: only tensors plain pickling breaks take the reductions).
+    for indices in ([3, 1, 2], np.arange(3), torch.arange(3), list(torch.arange(3)),
+                    torch.arange(3).to(torch.bfloat16), [Ticket(7)]):
+        task = ("batch", 0, (0, None, 0, "x"), False, indices)
+        assert dumps_task(task) == pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
+    assert tickets == []
+    for dtype in ("uint16", "uint32", "uint64", "float8_e4m3fn", "complex32"):
+        indices = torch.arange(3).to(getattr(torch, dtype))
+        for sent in (indices, list(indices), {"nested": [indices]}):
+            with pytest.raises(AttributeError):  # what the worker met before
+                pickle.loads(pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL))
+            back = pickle.loads(dumps_task(("batch", 1, (0,), False, sent)))[4]
+            assert type(back) is type(sent)
+            assert _tensor_leaves(back, torch) == _tensor_leaves(sent, torch), (dtype, sent)
+
+
+def _tensor_leaves(obj, torch):
+    """(dtype, shape, bytes) of every tensor in nested lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        return [(obj.dtype, tuple(obj.shape), obj.reshape(-1).view(torch.uint8).tolist())]
+    items = obj.values() if isinstance(obj, dict) else obj
+    return [leaf for item in items for leaf in _tensor_leaves(item, torch)]
