@@ -14,14 +14,19 @@ fastload user does not import torch) and iterates one DataLoader for a few
 epochs, new workers every epoch (the default; "2p" rows keep persistent
 workers): samples/s is the median of the epochs after the first, time to
 first batch is from DataLoader construction (worker start-up included).  The two
-loaders and the plain pipeline (below) run in rotated rounds (A B C, B C A,
-C A B, ...) and medians are reported.  Peak memory is PSS summed over the child
+loaders, the plain pipeline and the pipelines side by side (below) run in
+rotated rounds (A B C D, B C D A, ...) and medians are reported.  Peak memory is PSS summed over the child
 and its workers, polled from /proc every 20 ms by this process in one extra
 run per library (polling costs CPU, so the timed rounds do without).  The
 *limit* is the single-process rate of the loader's own batch code (fetch +
 collate, or the ArrayDataset gather) with no loader at all, times the number
 of workers; a third child process measures that rate in the same rotation
-as the two loaders, so drift of the machine moves all three alike.
+as the two loaders, so drift of the machine moves all three alike.  *Side by
+side* is what that limit leaves out: as many such pipeline processes as there
+are workers, started together and running at once (no loader, no messages,
+nothing shared but the machine), their rates summed.  It is the most any
+loader's workers could make on this machine; the limit assumes that
+processes sharing it do not slow each other down.
 
     python bench/bench_loader.py --workers 0 2 2p     # all workloads; 2p: persistent workers
     python bench/bench_loader.py --workloads tiny dict --workers 2 --rounds 5
@@ -200,6 +205,34 @@ def tree_pss(root: psutil.Process) -> int:
     return sum(_pss_bytes(p.pid) for p in processes)
 
 
+def _start_child(name: str, framework: str, workers: str, image_root: str | None,
+                 epochs: int) -> subprocess.Popen:
+    """A child process that has built its workload and waits for "go"."""
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, workers,
+               "--epochs", str(epochs)]
+    if image_root:
+        command += ["--image-root", image_root]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if child.stdout.readline().strip() != "ready":
+        child.kill()
+        child.wait()
+        raise RuntimeError(f"child for {name}/{framework} failed before it was ready")
+    return child
+
+
+def _go(child: subprocess.Popen) -> None:
+    child.stdin.write("go\n")
+    child.stdin.flush()
+
+
+def _result_of(child: subprocess.Popen, what: str) -> dict:
+    output = child.stdout.read()
+    child.wait()
+    if child.returncode != 0:
+        raise RuntimeError(f"child {what} failed with {child.returncode}")
+    return json.loads(output.strip().splitlines()[-1])
+
+
 def run_child(name: str, framework: str, workers: str, image_root: str | None,
               epochs: int, sample_memory: bool) -> dict:
     """One child run; with ``sample_memory`` this process polls its PSS meanwhile.
@@ -208,26 +241,36 @@ def run_child(name: str, framework: str, workers: str, image_root: str | None,
     loaders compete for on a small machine; so throughput rounds do not poll,
     and memory comes from a separate run.
     """
-    command = [sys.executable, os.path.abspath(__file__), "--child", name, framework, workers,
-               "--epochs", str(epochs)]
-    if image_root:
-        command += ["--image-root", image_root]
-    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "ready", f"child for {name}/{framework} failed"
+    child = _start_child(name, framework, workers, image_root, epochs)
     process = psutil.Process(child.pid)
     peak = tree_pss(process)
-    child.stdin.write("go\n")
-    child.stdin.flush()
+    _go(child)
     while sample_memory and child.poll() is None:
         peak = max(peak, tree_pss(process))
         time.sleep(0.02)
-    output = child.stdout.read()
-    child.wait()
-    if child.returncode != 0:
-        raise RuntimeError(f"child {name}/{framework}/{workers} failed with {child.returncode}")
-    result = json.loads(output.strip().splitlines()[-1])
+    result = _result_of(child, f"{name}/{framework}/{workers}")
     result["peak_pss_mib"] = peak / 2**20
     return result
+
+
+def run_side_by_side(name: str, count: int, image_root: str | None) -> dict:
+    """``count`` pipeline processes released together: their summed samples/s.
+
+    Each measures over the same span (``PIPELINE_SECONDS``, after its
+    warm-up), so they overlap but for the few milliseconds between their
+    releases.
+    """
+    children = [_start_child(name, "pipeline", "0", image_root, 1) for _ in range(count)]
+    for child in children:
+        _go(child)
+    rates = [_result_of(child, f"{name}/pipeline side by side")["samples_per_s"]
+             for child in children]
+    return {"samples_per_s": sum(rates), "each": rates}
+
+
+# How long a pipeline child measures: long enough that children released
+# together overlap but for their releases' milliseconds.
+PIPELINE_SECONDS = 0.5
 
 
 def pipeline_rate(workload: Workload) -> float:
@@ -235,7 +278,8 @@ def pipeline_rate(workload: Workload) -> float:
 
     ``BatchSource.make`` is what the loader runs per batch in one process (for
     an ArrayDataset, its gather kernel), without sampler, iterator or workers:
-    one shuffled epoch of it, after a few batches of warm-up.
+    shuffled epochs of it, after a few batches of warm-up, for at least
+    ``PIPELINE_SECONDS``; the median epoch's rate.
     """
     from fastload.collate import default_collate
     from fastload.fetch import BatchSource
@@ -248,10 +292,14 @@ def pipeline_rate(workload: Workload) -> float:
     batches = len(dataset) // bs
     for b in range(3):
         source.make(b, order[b * bs:(b + 1) * bs], True)
-    start = time.perf_counter()
-    for b in range(batches):
-        source.make(b, order[b * bs:(b + 1) * bs], True)
-    return batches * bs / (time.perf_counter() - start)
+    rates = []
+    end = time.perf_counter() + PIPELINE_SECONDS
+    while not rates or time.perf_counter() < end:
+        start = time.perf_counter()
+        for b in range(batches):
+            source.make(b, order[b * bs:(b + 1) * bs], True)
+        rates.append(batches * bs / (time.perf_counter() - start))
+    return statistics.median(rates)
 
 
 def child_pipeline(name: str, image_root: str | None) -> dict:
@@ -265,12 +313,17 @@ def child_pipeline(name: str, image_root: str | None) -> dict:
 def measure(name: str, workers: str, rounds: int, image_root: str | None, epochs: int) -> dict:
     # The pipeline's own rate is measured in the same rotation as the two
     # loaders, so machine drift moves the limit with them.
-    runs: dict[str, list[dict]] = {"fastload": [], "torch": [], "pipeline": []}
-    order = ["fastload", "torch", "pipeline"]
+    count = parse_workers(workers)[0]
+    order = ["fastload", "torch", "pipeline"] + (["side_by_side"] if count > 1 else [])
+    runs: dict[str, list[dict]] = {framework: [] for framework in order}
     for round_no in range(rounds + 1):  # round 0 warms the page cache, not counted
         shift = round_no % len(order)
         for framework in order[shift:] + order[:shift]:
-            result = run_child(name, framework, workers, image_root, epochs, sample_memory=False)
+            if framework == "side_by_side":
+                result = run_side_by_side(name, count, image_root)
+            else:
+                result = run_child(name, framework, workers, image_root, epochs,
+                                   sample_memory=False)
             if round_no > 0:
                 runs[framework].append(result)
     peaks = {framework: run_child(name, framework, workers, image_root, epochs,
@@ -288,8 +341,13 @@ def measure(name: str, workers: str, rounds: int, image_root: str | None, epochs
     result["ratio"] = result["fastload"]["samples_per_s"] / result["torch"]["samples_per_s"]
     result["pipeline_one_core"] = single
     result["pipeline_rounds"] = [round(r["samples_per_s"]) for r in runs["pipeline"]]
-    result["limit"] = single * max(1, parse_workers(workers)[0])
+    result["limit"] = single * max(1, count)
     result["efficiency"] = result["fastload"]["samples_per_s"] / result["limit"]
+    if runs.get("side_by_side"):
+        side = statistics.median(r["samples_per_s"] for r in runs["side_by_side"])
+        result["side_by_side"] = side
+        result["side_by_side_rounds"] = [round(r["samples_per_s"]) for r in runs["side_by_side"]]
+        result["of_side_by_side"] = result["fastload"]["samples_per_s"] / side
     return result
 
 
@@ -298,15 +356,18 @@ def measure(name: str, workers: str, rounds: int, image_root: str | None, epochs
 # ---------------------------------------------------------------------------
 
 def table(results: list[dict]) -> str:
-    lines = ["| workload | workers | fastload samples/s | torch samples/s | ratio | first batch fastload / torch (ms) | peak PSS fastload / torch (MiB) | limit (samples/s) | fastload / limit |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| workload | workers | fastload samples/s | torch samples/s | ratio | first batch fastload / torch (ms) | peak PSS fastload / torch (MiB) | limit (samples/s) | fastload / limit | side by side (samples/s) | side by side / limit | fastload / side by side |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         f, t = r["fastload"], r["torch"]
+        side = ("| – | – | – |" if "side_by_side" not in r else
+                f"| {r['side_by_side']:,.0f} | {r['side_by_side'] / r['limit']:.0%} | "
+                f"{r['of_side_by_side']:.0%} |")
         lines.append(
             f"| {r['workload']} | {r['workers']} | {f['samples_per_s']:,.0f} | {t['samples_per_s']:,.0f} | "
             f"**{r['ratio']:.2f}x** | {f['first_batch_s'] * 1e3:.0f} / {t['first_batch_s'] * 1e3:.0f} | "
             f"{f['peak_pss_mib']:.0f} / {t['peak_pss_mib']:.0f} | {r['limit']:,.0f} | "
-            f"{r['efficiency']:.0%} |")
+            f"{r['efficiency']:.0%} " + side)
     return "\n".join(lines)
 
 
@@ -348,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             print(table([result]).splitlines()[-1], flush=True)
     command = "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## Loader\n\n`{command.strip()}` on {machine()}.\n"
-            f"Median of {options.rounds} rotated rounds (fastload, torch, pipeline; then torch, "
-            f"pipeline, fastload; ...) after a warm-up round. Each round is a fresh process that imports only "
+            f"Median of {options.rounds} rotated rounds (fastload, torch, pipeline, side by side; "
+            f"then torch, pipeline, side by side, fastload; ...) after a warm-up round. Each round is a fresh process that imports only "
             f"its own library and iterates one DataLoader for {options.epochs} epochs (new workers "
             f"every epoch, the default; workers `2p` = persistent_workers=True): samples/s is the "
             f"median of the epochs after the first, "
@@ -359,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             f"*limit* = single-process rate of the loader's own batch code (fetch + collate, or the "
             f"ArrayDataset gather) with no loader, times the worker count; that rate is measured "
             f"in a third child process in the same rotation as the two loaders (median of the "
-            f"rounds).\n\n"
+            f"rounds). *side by side* = as many of those pipeline processes as workers, released "
+            f"together and running at once (no loader), their rates summed: the most that many "
+            f"processes make at once on this machine, measured in the same rotation.\n\n"
             + table(results) + "\n")
     print("\n" + text)
     if options.json:
