@@ -53,6 +53,9 @@ is unpickled once, while its worker lives (the main process decodes every
 answer as it arrives): a layout holding one is sent whole every time and
 not kept (equal bytes do not mean that the main process has it), and a
 batch whose layout fails to arrive still has its values unpickled.
+
+The other way, a task holding a sampler's batch as it was yielded is
+pickled by ``dumps_task`` (NOTE [ Tasks that may hold tensors ]).
 """
 
 from __future__ import annotations
