@@ -1,6 +1,18 @@
 import os
+import signal
 
 import pytest
+
+# A shell starts a background job with SIGINT ignored (and nohup, SIGHUP), and
+# Python then never installs its KeyboardInterrupt handler; every test of
+# Ctrl-C, in this process or in the Python children it starts (an ignored
+# signal stays ignored across exec, a handled one does not), would fail.
+# Likewise the tests of a process group hung up.  Run as from a terminal,
+# wherever the suite was started.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 try:
     import torch as _torch
