@@ -260,7 +260,15 @@ def run_side_by_side(name: str, count: int, image_root: str | None) -> dict:
     warm-up), so they overlap but for the few milliseconds between their
     releases.
     """
-    children = [_start_child(name, "pipeline", "0", image_root, 1) for _ in range(count)]
+    children: list[subprocess.Popen] = []
+    try:
+        for _ in range(count):
+            children.append(_start_child(name, "pipeline", "0", image_root, 1))
+    except BaseException:
+        for child in children:  # ready, and waiting for a "go" that will not come
+            child.kill()
+            child.wait()
+        raise
     for child in children:
         _go(child)
     rates = [_result_of(child, f"{name}/pipeline side by side")["samples_per_s"]
