@@ -17,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -417,11 +418,14 @@ def collate_into_holder(samples):
 
 
 @pytest.mark.timeout(60)
-def test_worker_dead_before_its_tensor_is_fetched_raises_its_death(torch, no_leaks):
+def test_worker_dead_before_its_tensor_is_fetched_raises_its_death(torch, no_leaks, tmp_path,
+                                                                  monkeypatch):
     """Worker 1 is killed after answering the epoch's last batch, whose tensor waits
     in it to be fetched: torch reports the death ("exited unexpectedly"), and so must
     fastload, not the failed fetch's connection error (with no task left to send,
     nothing else finds the death)."""
+    # The killed worker's resource sharer leaves its pymp-* folder: in tmp_path.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     loader = fl.DataLoader(range(8), batch_size=4, num_workers=2, collate_fn=collate_into_holder)
     it = iter(loader)
     pids, prefix = it.worker_pids, it._ring.prefix
@@ -1241,9 +1245,16 @@ def _script(tmp_path, body: str) -> str:
 
 @contextlib.contextmanager
 def _running(script: str) -> Iterator[subprocess.Popen]:
-    """``script`` in a process of its own session, output piped; killed on the way out."""
+    """``script`` in a process of its own session, output piped; killed on the way out.
+
+    Its temporary files go beside the script, in the test's ``tmp_path``: a
+    process killed on purpose cannot remove multiprocessing's ``pymp-*``
+    folders (a forkserver's socket, a resource sharer's), and pytest prunes
+    its own folders where /tmp would keep them.
+    """
     proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": os.path.dirname(script)})
     try:
         yield proc
     finally:
