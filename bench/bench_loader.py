@@ -281,13 +281,13 @@ def run_side_by_side(name: str, count: int, image_root: str | None) -> dict:
 PIPELINE_SECONDS = 0.5
 
 
-def pipeline_rate(workload: Workload) -> float:
-    """Samples/s of the loader's own batch code (fetch + collate) in a plain loop: one core.
+def pipeline_epoch(workload: Workload) -> Callable[..., int]:
+    """One shuffled epoch of the loader's own batch code in a plain loop (or its
+    first ``batches``); returns its samples.
 
     ``BatchSource.make`` is what the loader runs per batch in one process (for
-    an ArrayDataset, its gather kernel), without sampler, iterator or workers:
-    shuffled epochs of it, after a few batches of warm-up, for at least
-    ``PIPELINE_SECONDS``; the median epoch's rate.
+    an ArrayDataset, its gather kernel), without sampler, iterator or workers.
+    The last, partial batch is left out.
     """
     from fastload.collate import default_collate
     from fastload.fetch import BatchSource
@@ -297,16 +297,30 @@ def pipeline_rate(workload: Workload) -> float:
     source = BatchSource(dataset, False, True, default_collate, bs, False)
     source.start_epoch(0)
     order = np.random.default_rng(0).permutation(len(dataset))
-    batches = len(dataset) // bs
-    for b in range(3):
-        source.make(b, order[b * bs:(b + 1) * bs], True)
+    whole = len(dataset) // bs
+
+    def epoch(batches: int = whole) -> int:
+        for b in range(batches):
+            source.make(b, order[b * bs:(b + 1) * bs], True)
+        return batches * bs
+
+    return epoch
+
+
+def pipeline_rate(workload: Workload) -> float:
+    """Samples/s of ``pipeline_epoch``: one core.
+
+    Shuffled epochs, after a few batches of warm-up, for at least
+    ``PIPELINE_SECONDS``; the median epoch's rate.
+    """
+    epoch = pipeline_epoch(workload)
+    epoch(3)
     rates = []
     end = time.perf_counter() + PIPELINE_SECONDS
     while not rates or time.perf_counter() < end:
         start = time.perf_counter()
-        for b in range(batches):
-            source.make(b, order[b * bs:(b + 1) * bs], True)
-        rates.append(batches * bs / (time.perf_counter() - start))
+        samples = epoch()
+        rates.append(samples / (time.perf_counter() - start))
     return statistics.median(rates)
 
 

@@ -36,37 +36,23 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-from bench_loader import build_workload
+from bench_loader import build_workload, make_loader, pipeline_epoch
 from results import write_section
 
 _COMMAND = "python bench/instruction_budget.py"
 
 
 def _loader_epochs(name: str, epochs: int) -> None:
-    import fastload as fl
-
-    workload = build_workload(name, "fastload", None)
-    loader = fl.DataLoader(workload.make_fastload(), batch_size=workload.batch_size, shuffle=True,
-                           num_workers=2, generator=0, persistent_workers=True)
+    loader = make_loader("fastload", build_workload(name, "fastload", None), "2p")
     for _ in range(1 + epochs):
         for _batch in loader:
             pass
 
 
 def _pipeline_epochs(name: str, epochs: int) -> None:
-    from fastload.collate import default_collate
-    from fastload.fetch import BatchSource
-
-    workload = build_workload(name, "fastload", None)
-    dataset, size = workload.pipeline(), workload.batch_size
-    source = BatchSource(dataset, False, True, default_collate, size, False)
-    source.start_epoch(0)
-    order = np.random.default_rng(0).permutation(len(dataset))
+    epoch = pipeline_epoch(build_workload(name, "fastload", None))
     for _ in range(1 + epochs):
-        for number in range(len(dataset) // size):
-            source.make(number, order[number * size:(number + 1) * size], True)
+        epoch()
 
 
 def _counts(mode: str, name: str, epochs: int) -> tuple[int, list[int]]:
