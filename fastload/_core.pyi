@@ -102,6 +102,17 @@ def join_strings(items: Any) -> str | None:
     """``"\\0".join(items)`` when ``items`` is a non-empty list or tuple of exact ``str``
     without NUL characters (so ``split("\\0")`` gives them back), else None."""
 
+# --- zero-copy arrays over a ring slot (_views.pxi) ---
+
+def lease_array(lease: Any, memory: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """A writeable uint8 array over ``memory``'s bytes whose base is ``lease`` (which
+    must keep that memory mapped); ValueError unless ``memory`` is contiguous bytes."""
+
+def slot_view(buffer: npt.NDArray[np.uint8], dtype: np.dtype, shape: tuple[int, ...],
+              offset: int) -> np.ndarray:
+    """``np.ndarray(shape, dtype, buffer, offset)``: a C-contiguous view of a contiguous
+    byte array, writeable if it is; ValueError if it does not fit."""
+
 # --- worker termination (_termination.pxi) ---
 
 def kill_after_handling(signum: int, seconds: float) -> None:

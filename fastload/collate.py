@@ -139,9 +139,10 @@ class ArraySlot:
 
     def view(self, buffer: np.ndarray) -> np.ndarray:
         # The view's base is the buffer (whose own base is the ring's lease),
-        # so the slot lives as long as this view.  One constructor call: this
-        # runs for every array of every batch the main process hands out.
-        return np.ndarray(self.shape, self.dtype, buffer, self.offset)
+        # so the slot lives as long as this view.  ``np.ndarray(shape, dtype,
+        # buffer, offset)`` in one kernel call: this runs for every array of
+        # every batch the main process hands out.
+        return _core.slot_view(buffer, self.dtype, self.shape, self.offset)
 
     def build(self, buffer: np.ndarray) -> Any:
         array = self.view(buffer)

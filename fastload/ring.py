@@ -13,7 +13,8 @@ created even when that worker died before saying so.
 
 NOTE [ Leases ]
 The main process hands out numpy views of a slot.  Their base is a
-``SlotLease`` (numpy keeps a reference to any object exposing
+``SlotLease`` (``_core.lease_array`` makes the slot's bytes an array whose
+base is the lease, as ``np.asarray(lease)`` does through the lease's
 ``__array_interface__``), so the slot stays out of circulation for exactly as
 long as the caller holds any view; when the last one dies, the slot comes
 back.  The ring learns of that death from a weak reference whose callback is
@@ -80,6 +81,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from fastload._core import lease_array
 from fastload.forks import workers_being_forked
 from fastload.weak_registry import WeakRegistry
 
@@ -540,7 +542,7 @@ class Ring:
         with _marks_lock:  # made before a fork's marks, or after its end
             lease = SlotLease(segment, slot_id)
             self._lease_slots[weakref.ref(lease, self._dead_leases.append)] = slot_id
-        return np.asarray(lease)
+        return lease_array(lease, segment.array)  # np.asarray(lease), without the interface lookup
 
     # -- teardown ------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from fastload import _core
 from fastload import ring as ringmod
 from fastload.ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
 from datasets_for_workers import GrowingDataset, SquareDataset
@@ -1062,3 +1063,75 @@ def test_holding_more_batches_than_the_open_file_limit(tmp_path, no_leaks, hard)
     else:
         assert out.startswith("ERROR [Errno 24] too many open files") and "ulimit -n, now 64" in out, \
             (out, err[-2000:])
+
+
+# ---------------------------------------------------------------------------
+# The kernels that make a batch's arrays over its slot (_core, _views.pxi)
+# ---------------------------------------------------------------------------
+
+class _Holder:
+    """Stands for a SlotLease: any object may be a lease array's base."""
+
+
+def test_lease_array_is_the_memory_with_the_lease_as_its_base():
+    memory = np.arange(64, dtype=np.uint8)
+    lease = _Holder()
+    array = _core.lease_array(lease, memory)
+    assert array.base is lease
+    assert array.dtype == np.uint8 and array.shape == (64,)
+    assert array.flags.c_contiguous and array.flags.writeable
+    assert array.__array_interface__["data"][0] == memory.__array_interface__["data"][0]
+    array[3] = 200  # the same bytes, not a copy
+    assert memory[3] == 200
+    del array
+    gc.collect()
+    assert sys.getrefcount(lease) == 2  # the array let go of it
+
+
+@pytest.mark.parametrize("memory", [np.zeros(16, dtype=np.int32), np.zeros(64, np.uint8)[::2]],
+                         ids=["not bytes", "not contiguous"])
+def test_lease_array_refuses_other_memory(memory):
+    with pytest.raises(ValueError, match="contiguous array of bytes"):
+        _core.lease_array(_Holder(), memory)
+
+
+@pytest.mark.parametrize("dtype, shape, offset", [
+    (np.float32, (3, 4), 64),
+    (np.int64, (), 8),
+    (np.uint8, (0, 5), 200),
+    (np.float64, (3,), 3),  # misaligned: not ALIGNED, as numpy says
+    (np.dtype(">i4"), (2, 2), 4),
+    (np.dtype("u2", metadata={"torch_dtype": "torch.uint16"}), (4,), 16),
+    (np.dtype([("a", "<i4"), ("b", "<f8", (2,))]), (2,), 32),
+    (np.dtype("S0"), (3,), 0),
+])
+def test_slot_view_is_numpys_view_of_the_buffer(dtype, shape, offset):
+    buffer = _core.lease_array(_Holder(), np.zeros(256, dtype=np.uint8))
+    dtype = np.dtype(dtype)
+    ours = _core.slot_view(buffer, dtype, shape, offset)
+    theirs = np.ndarray(shape, dtype, buffer, offset)
+    assert ours.dtype == theirs.dtype and ours.dtype.metadata == theirs.dtype.metadata
+    assert ours.shape == theirs.shape and ours.strides == theirs.strides
+    assert ours.__array_interface__["data"] == theirs.__array_interface__["data"]
+    assert ours.flags == theirs.flags
+    assert ours.base is buffer
+
+
+def test_slot_view_of_a_read_only_buffer_is_read_only():
+    buffer = np.zeros(64, dtype=np.uint8)
+    buffer.flags.writeable = False
+    assert not _core.slot_view(buffer, np.dtype(np.int32), (4,), 0).flags.writeable
+
+
+@pytest.mark.parametrize("shape, offset, message", [
+    ((17,), 0, "does not fit"),
+    ((15,), 8, "does not fit"),
+    ((4,), -4, "does not fit"),
+    ((-1,), 0, "negative dimension"),
+    ((2**40, 2**40), 0, "larger than memory"),
+    ((1,) * 65, 0, "dimensions"),
+])
+def test_slot_view_refuses_a_view_past_the_buffer(shape, offset, message):
+    buffer = np.zeros(64, dtype=np.uint8)
+    with pytest.raises(ValueError, match=message):
+        _core.slot_view(buffer, np.dtype(np.int32), shape, offset)
