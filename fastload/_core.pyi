@@ -105,8 +105,8 @@ def join_strings(items: Any) -> str | None:
 # --- zero-copy arrays over a ring slot (_views.pxi) ---
 
 def lease_array(lease: Any, memory: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    """A writeable uint8 array over ``memory``'s bytes whose base is ``lease`` (which
-    must keep that memory mapped); ValueError unless ``memory`` is contiguous bytes."""
+    """A uint8 array over ``memory``'s bytes (writeable if it is) whose base is ``lease``,
+    which must keep that memory mapped; ValueError unless ``memory`` is contiguous bytes."""
 
 def slot_view(buffer: npt.NDArray[np.uint8], dtype: np.dtype, shape: tuple[int, ...],
               offset: int) -> np.ndarray:

@@ -28,7 +28,8 @@ cdef cnp.dtype _UINT8 = np.dtype(np.uint8)
 
 
 def lease_array(object lease, cnp.ndarray memory):
-    """A writeable uint8 array over ``memory``'s bytes whose base is ``lease``.
+    """A uint8 array over ``memory``'s bytes whose base is ``lease`` (writeable
+    if ``memory`` is).
 
     ``lease`` must keep ``memory`` mapped for as long as it lives (it holds
     the segment); the array keeps ``lease`` alive, so the slot stays out of
@@ -37,10 +38,12 @@ def lease_array(object lease, cnp.ndarray memory):
     if not cnp.PyArray_IS_C_CONTIGUOUS(memory) or cnp.PyArray_ITEMSIZE(memory) != 1:
         raise ValueError("lease_array needs a contiguous array of bytes")
     cdef cnp.npy_intp size = cnp.PyArray_SIZE(memory)
+    cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ALIGNED
+    if cnp.PyArray_ISWRITEABLE(memory):
+        flags |= cnp.NPY_ARRAY_WRITEABLE
     Py_INCREF(_UINT8)  # PyArray_NewFromDescr steals it
     cdef cnp.ndarray array = PyArray_NewFromDescr(
-        &PyArray_Type, _UINT8, 1, &size, NULL, cnp.PyArray_DATA(memory),
-        cnp.NPY_ARRAY_CARRAY, None)
+        &PyArray_Type, _UINT8, 1, &size, NULL, cnp.PyArray_DATA(memory), flags, None)
     cnp.set_array_base(array, lease)
     return array
 
@@ -63,9 +66,10 @@ def slot_view(cnp.ndarray buffer, cnp.dtype dtype, tuple shape, Py_ssize_t offse
         if dims[axis] and nbytes > PY_SSIZE_T_MAX // dims[axis]:
             raise ValueError(f"a view of shape {shape} is larger than memory")
         nbytes *= dims[axis]
-    if offset < 0 or offset + nbytes > cnp.PyArray_SIZE(buffer):
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(buffer)
+    if offset < 0 or offset > size or nbytes > size - offset:
         raise ValueError(f"a view of {nbytes} bytes at offset {offset} does not fit "
-                         f"a buffer of {cnp.PyArray_SIZE(buffer)}")
+                         f"a buffer of {size}")
     Py_INCREF(dtype)  # PyArray_NewFromDescr steals it
     cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS
     if cnp.PyArray_ISWRITEABLE(buffer):

@@ -1117,16 +1117,19 @@ def test_slot_view_is_numpys_view_of_the_buffer(dtype, shape, offset):
     assert ours.base is buffer
 
 
-def test_slot_view_of_a_read_only_buffer_is_read_only():
-    buffer = np.zeros(64, dtype=np.uint8)
-    buffer.flags.writeable = False
-    assert not _core.slot_view(buffer, np.dtype(np.int32), (4,), 0).flags.writeable
+def test_arrays_over_read_only_memory_are_read_only():
+    memory = np.zeros(64, dtype=np.uint8)
+    memory.flags.writeable = False
+    assert not _core.lease_array(_Holder(), memory).flags.writeable
+    assert not _core.slot_view(memory, np.dtype(np.int32), (4,), 0).flags.writeable
 
 
 @pytest.mark.parametrize("shape, offset, message", [
     ((17,), 0, "does not fit"),
     ((15,), 8, "does not fit"),
     ((4,), -4, "does not fit"),
+    ((0,), 65, "does not fit"),
+    ((1,), 2**62, "does not fit"),
     ((-1,), 0, "negative dimension"),
     ((2**40, 2**40), 0, "larger than memory"),
     ((1,) * 65, 0, "dimensions"),
