@@ -16,9 +16,13 @@ The difference between the two modes is what starting and stopping two
 worker processes costs per epoch.  Diagnostic only: the comparison with torch
 lives in ``bench_loader.py``.  ``--workers 2`` runs one mode alone, e.g. under
 ``perf record -a -g`` to see where the kernel's share of new workers goes.
+``--busy-us N`` makes the main process spend N microseconds of CPU on each
+batch it gets, as a caller's step would: how the epoch grows with N is what
+each microsecond of the main process's own per-batch work costs.
 
     python bench/epoch_costs.py --workload dict --epochs 12
     perf record -a -g -- python bench/epoch_costs.py --workload tiny --workers 2 --epochs 150
+    python bench/epoch_costs.py --workload tiny --workers 2p --epochs 15 --busy-us 50
 """
 
 from __future__ import annotations
@@ -48,7 +52,14 @@ def _idle_seconds() -> float:
     return (int(fields[3]) + int(fields[4])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(workload_name: str, persistent: bool, epochs: int) -> dict:
+def _busy(seconds: float) -> None:
+    """Spend ``seconds`` of CPU in this process, as a caller's step per batch would."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def run(workload_name: str, persistent: bool, epochs: int, busy_per_batch: float = 0.0) -> dict:
     workload = build_workload(workload_name, "fastload", None)
     loader = fl.DataLoader(workload.make_fastload(), batch_size=workload.batch_size, shuffle=True,
                            num_workers=2, generator=0, persistent_workers=persistent)
@@ -64,6 +75,8 @@ def run(workload_name: str, persistent: bool, epochs: int) -> dict:
         for _ in iterator:
             if first is None:
                 first = time.perf_counter() - start
+            if busy_per_batch:
+                _busy(busy_per_batch)
         wall = time.perf_counter() - start
         idle = _idle_seconds() - idle  # in ticks of 10 ms: meaningful summed over epochs
         # New workers exit after the epoch: give them a moment, then read their
@@ -96,6 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="dict", choices=["tiny", "array", "dict"])
     parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--busy-us", type=float, default=0.0,
+                        help="CPU the main process spends on each batch it gets (a busy loop), "
+                             "to see what the main process's time per batch costs an epoch")
     parser.add_argument("--workers", nargs="+", default=["2", "2p"], choices=["2", "2p"],
                         help="2: new workers every epoch; 2p: persistent workers")
     options = parser.parse_args()
@@ -104,7 +120,7 @@ def main() -> None:
           "| main page faults | idle CPU (ms) | samples/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for workers in options.workers:
-        r = run(options.workload, workers == "2p", options.epochs)
+        r = run(options.workload, workers == "2p", options.epochs, options.busy_us * 1e-6)
         print(f"| {workers} | {r['wall_ms']:.1f} | {r['first_ms']:.1f} | "
               f"{r['main_cpu_ms']:.1f} | {r['worker_cpu_ms']:.1f} | {r['main_faults']:.0f} | "
               f"{r['idle_ms']:.1f} | "
