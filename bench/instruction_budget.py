@@ -62,9 +62,10 @@ def _counts(mode: str, name: str, epochs: int) -> tuple[int, list[int]]:
                    sys.executable, os.path.abspath(__file__), "--child", mode, name, str(epochs)]
         # A fixed hash seed: string hashes change how dicts probe, which moves
         # the counts by a few per cent from run to run.  One OpenBLAS thread:
-        # under valgrind numpy's BLAS starts a thread that these processes do
-        # not have when they run natively, and its instructions counted in the
-        # main process's total (11,000 a batch in a `tiny` run).
+        # natively, OpenBLAS stops its thread pool when a process forks, so the
+        # main process has no BLAS thread once its first workers started;
+        # under valgrind that thread kept running, and its instructions
+        # counted in the main process's total (11,000 a batch in a `tiny` run).
         env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
         child = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, env=env)
