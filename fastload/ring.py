@@ -232,7 +232,7 @@ class Segment:
     view of it) does; ``unlink`` only removes the name.
     """
 
-    __slots__ = ("name", "size", "array", "interface", "linked")
+    __slots__ = ("name", "size", "array", "linked")
 
     def __init__(self, name: str, size: int = 0, create: bool = False,
                  populate: bool = False) -> None:
@@ -270,8 +270,6 @@ class Segment:
             os.close(fd)
         self.array = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None \
             else np.empty(0, dtype=np.uint8)
-        # ``array``'s ``__array_interface__``, made once: every lease shares it.
-        self.interface = self.array.__array_interface__
 
     def unlink(self) -> None:
         """Remove the name (idempotent); the mapping stays valid for its holders."""
@@ -346,12 +344,17 @@ class SlotLease:
     when the last one is gone the slot goes back to the ring.
     """
 
-    __slots__ = ("__array_interface__", "slot_id", "_segment", "__weakref__")
+    __slots__ = ("slot_id", "_segment", "__weakref__")
 
     def __init__(self, segment: "Segment", slot_id: int) -> None:
         self.slot_id = slot_id
         self._segment = segment  # keeps the mapping alive
-        self.__array_interface__ = segment.interface
+
+    @property
+    def __array_interface__(self) -> dict:
+        # Only for ``np.asarray(lease)``: the ring's own leases are made into
+        # arrays by ``_core.lease_array``, which needs none.
+        return self._segment.array.__array_interface__
 
     def __repr__(self) -> str:
         return f"<SlotLease slot={self.slot_id} bytes={self._segment.size}>"
