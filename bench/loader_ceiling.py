@@ -25,10 +25,21 @@ order, so a worker that runs ahead waits) and with the machine (two CPUs
 shared by three processes); what fastload leaves below the stripped loader
 is the price of everything it does per batch on top.
 
+Three options change the stripped loader (fastload is left as it is), to
+see where its own loss lies: ``--prefetch N`` lets its workers run N batches
+ahead instead of 2; ``--hand-over epoch-end`` makes the main process take
+nothing until the epoch's end, so the workers run free (overwriting their
+slots: nobody reads them); ``--destination private`` has each worker write
+every batch into one private buffer, reused as the pipeline alone reuses its
+own, instead of rotating through its slots (no loader can do that: the caller
+holds one batch while the next ones are made).
+
 Linux on x86-64 only: the futex system call's number is x86-64's, and the
 counters are plain stores, which x86-64 makes visible in order.
 
     python bench/loader_ceiling.py --workloads tiny dict --workers 2p 2 --rounds 20
+    python bench/loader_ceiling.py --workloads tiny --workers 2p --rounds 10 --no-write \
+        --hand-over epoch-end --destination private
 """
 
 from __future__ import annotations
@@ -44,17 +55,11 @@ import time
 from typing import Callable
 
 import numpy as np
-from bench_loader import (
-    Workload,
-    batch_length,
-    build_workload,
-    make_loader,
-    pipeline_epoch,
-)
-from results import write_section
 
+from bench_loader import Workload, batch_length, build_workload, make_loader, pipeline_epoch
 from fastload.collate import default_collate
 from fastload.fetch import BatchSource
+from results import write_section
 
 if platform.system() != "Linux" or platform.machine() != "x86_64":  # pragma: no cover
     sys.exit("loader_ceiling.py runs on Linux x86-64 only (futex numbers, store ordering)")
@@ -109,18 +114,22 @@ class StrippedLoader:
     """Torch's batch assignment and prefetch bound, and nothing else (module docstring).
 
     Worker ``w``'s ``j``-th batch of all (counted across epochs) goes to its
-    slot ``j mod (PREFETCH + 2)``; it may start once the main process has
-    taken its batch ``j - PREFETCH`` (torch sends batch ``k``'s task when
-    batch ``k - PREFETCH * WORKERS`` arrives).  Counters: ``made[w]``, ``taken[w]``,
-    then the number of epochs whose order has been published.
+    slot ``j mod (prefetch + 2)``; it may start once the main process has
+    taken its batch ``j - prefetch`` (torch sends batch ``k``'s task when
+    batch ``k - prefetch * WORKERS`` arrives).  Counters: ``made[w]``, ``taken[w]``,
+    then the number of epochs whose order has been published.  ``hand_over``
+    and ``destination``: the module docstring's variants.
     """
 
-    def __init__(self, workload: Workload, persistent: bool) -> None:
+    def __init__(self, workload: Workload, persistent: bool, prefetch: int = PREFETCH,
+                 hand_over: str = "each", destination: str = "slots") -> None:
         self.dataset, self.batch_size = workload.pipeline(), workload.batch_size
         self.batches = len(self.dataset) // self.batch_size  # the last, partial one left out
         self.persistent = persistent
-        self.slots_per_worker = PREFETCH + 2
+        self.prefetch, self.hand_over, self.destination = prefetch, hand_over, destination
+        self.slots_per_worker = prefetch + 2
         slot_bytes = self._batch_bytes()
+        self.slot_bytes = slot_bytes
         slots = WORKERS * self.slots_per_worker
         samples = len(self.dataset)
         self._memory = mmap.mmap(-1, slots * slot_bytes + 8 * samples + 64)  # MAP_SHARED
@@ -152,6 +161,8 @@ class StrippedLoader:
     def _work(self, worker: int, first_epoch: int, epochs: int) -> None:
         source = BatchSource(self.dataset, False, True, default_collate, self.batch_size, False)
         counters, order, size = self.counters, self.order, self.batch_size
+        private = np.empty(self.slot_bytes, np.uint8) if self.destination == "private" else None
+        bounded = self.hand_over == "each"
 
         def main_alive() -> bool:
             return os.getppid() == self.parent
@@ -161,10 +172,12 @@ class StrippedLoader:
             source.start_epoch(epoch)
             made_before = epoch * len(self._own_batches(worker))
             for j, batch_no in enumerate(self._own_batches(worker), start=made_before):
-                counters.wait_above(WORKERS + worker, j - PREFETCH, main_alive)
-                slot = self.slots[worker * self.slots_per_worker + j % self.slots_per_worker]
+                if bounded:
+                    counters.wait_above(WORKERS + worker, j - self.prefetch, main_alive)
+                out = private if private is not None else \
+                    self.slots[worker * self.slots_per_worker + j % self.slots_per_worker]
                 source.make_into(batch_no, order[batch_no * size:(batch_no + 1) * size], True,
-                                 lambda nbytes, slot=slot: slot)
+                                 lambda nbytes, out=out: out)
                 counters.bump(worker)
 
     def start_workers(self, epochs: int) -> None:
@@ -194,7 +207,12 @@ class StrippedLoader:
             self.start_workers(1)
         self.counters.bump(2 * WORKERS)
         size, samples = self.batch_size, 0
-        for batch_no in range(self.batches):
+        if self.hand_over == "epoch-end":
+            for worker in range(WORKERS):
+                made = (epoch + 1) * len(self._own_batches(worker))
+                self.counters.wait_above(worker, made - 1, self._workers_alive)
+            samples = self.batches * size
+        for batch_no in range(self.batches if self.hand_over == "each" else 0):
             worker = batch_no % WORKERS
             j = epoch * len(self._own_batches(worker)) + batch_no // WORKERS
             self.counters.wait_above(worker, j, self._workers_alive)
@@ -256,12 +274,12 @@ def side_by_side(pipeline: Callable[[], int]) -> float:
     return sum(samples for samples, _, _ in reports) / span
 
 
-def measure(name: str, workers: str, rounds: int, epochs: int) -> dict:
+def measure(name: str, workers: str, rounds: int, epochs: int, variant: dict) -> dict:
     workload = build_workload(name, "fastload", None)
     pipeline = pipeline_epoch(workload)
     pipeline(3)  # warm-up
     persistent = workers.endswith("p")
-    stripped = StrippedLoader(workload, persistent)
+    stripped = StrippedLoader(workload, persistent, **variant)
     loader = make_loader("fastload", workload, workers)
     try:
         if persistent:
@@ -317,12 +335,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="2: new workers every epoch; 2p: persistent workers")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--epochs", type=int, default=2, help="epochs of each kind per round")
+    parser.add_argument("--prefetch", type=int, default=PREFETCH,
+                        help="batches the stripped loader's workers may make ahead")
+    parser.add_argument("--hand-over", choices=["each", "epoch-end"], default="each",
+                        help="epoch-end: the stripped loader's main process takes nothing "
+                             "until the epoch's end")
+    parser.add_argument("--destination", choices=["slots", "private"], default="slots",
+                        help="private: the stripped loader's workers reuse one private buffer")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     options = parser.parse_args(argv)
+    variant = {"prefetch": options.prefetch, "hand_over": options.hand_over,
+               "destination": options.destination}
     results = []
     for name in options.workloads:
         for workers in options.workers:
-            results.append(measure(name, workers, options.rounds, options.epochs))
+            results.append(measure(name, workers, options.rounds, options.epochs, variant))
             print(table(results[-1:]).splitlines()[-1], flush=True)
     command = "python bench/loader_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## How close a loader can come\n\n`{command.strip()}`: in one process, "
