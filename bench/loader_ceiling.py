@@ -19,11 +19,12 @@ fastload's, by running, in one process and in rotated rounds:
   answer, no pickling, no pipe, no views, no error handling;
 * ``fastload``: ``fastload.DataLoader``, as ``bench_loader.py`` builds it.
 
-What the stripped loader leaves below the limit comes with the rules (a
-third process, the main one, needs a CPU now and then; batches are taken in
-order, so a worker that runs ahead waits) and with the machine (two CPUs
-shared by three processes); what fastload leaves below the stripped loader
-is the price of everything it does per batch on top.
+What the stripped loader leaves below the limit comes with the rules
+(batches are taken in order, a wake-up for each, by a third process that
+needs a CPU too; each worker rotates through slots that do not stay in its
+cache) and with the machine (two CPUs shared by three processes); what
+fastload leaves below the stripped loader is the price of everything it
+does per batch on top.
 
 Three options change the stripped loader (fastload is left as it is), to
 see where its own loss lies: ``--prefetch N`` lets its workers run N batches
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import mmap
 import os
 import platform
@@ -87,24 +89,27 @@ class Counters:
 
     def __init__(self, words: np.ndarray) -> None:
         self.words = words
+        self._base = words.ctypes.data
 
     def bump(self, i: int) -> None:
         """Add one and wake whoever waits for it."""
         self.words[i] += 1
-        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.words.ctypes.data + 4 * i), _FUTEX_WAKE,
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + 4 * i), _FUTEX_WAKE,
                       ctypes.c_int(1 << 30), None, None, 0)
 
     def wait_above(self, i: int, target: int, alive: Callable[[], bool]) -> None:
         """Until counter ``i`` exceeds ``target``; RuntimeError if ``alive()`` turns
         false or the deadline passes."""
-        address = ctypes.c_void_p(self.words.ctypes.data + 4 * i)
+        address = ctypes.c_void_p(self._base + 4 * i)
         deadline = time.monotonic() + _DEADLINE_S
         while True:
             seen = int(self.words[i])
             if seen > target:
                 return
-            if _libc.syscall(_SYS_FUTEX, address, _FUTEX_WAIT, ctypes.c_int(seen),
-                             ctypes.byref(_LIVENESS), None, 0) != 0 and not alive():
+            timed_out = _libc.syscall(_SYS_FUTEX, address, _FUTEX_WAIT, ctypes.c_int(seen),
+                                      ctypes.byref(_LIVENESS), None, 0) != 0 \
+                and ctypes.get_errno() == errno.ETIMEDOUT
+            if timed_out and not alive():
                 raise RuntimeError("the other side of the stripped loader is gone")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"counter {i} stayed at {seen} for {_DEADLINE_S} s")
