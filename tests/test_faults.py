@@ -1138,6 +1138,7 @@ def test_stopping_mid_epoch_skips_the_batches_still_queued_as_torch(torch, tmp_p
     # (for the tensor's descriptor) after the exit's clean-up has run, which
     # then stays behind (in about one run of three).  In tmp_path, not /tmp.
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
     def calls_made(library, log):
         loader = library.DataLoader(CallLoggingDataset(str(log), n=40, delay=1.0, quick=(0,)),
                                     batch_size=1, num_workers=2)
