@@ -54,6 +54,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from typing import Callable
 
 import numpy as np
@@ -133,8 +134,7 @@ class StrippedLoader:
         self.persistent = persistent
         self.prefetch, self.hand_over, self.destination = prefetch, hand_over, destination
         self.slots_per_worker = prefetch + 2
-        slot_bytes = self._batch_bytes()
-        self.slot_bytes = slot_bytes
+        self.slot_bytes = slot_bytes = self._batch_bytes()
         slots = WORKERS * self.slots_per_worker
         samples = len(self.dataset)
         self._memory = mmap.mmap(-1, slots * slot_bytes + 8 * samples + 64)  # MAP_SHARED
@@ -148,8 +148,12 @@ class StrippedLoader:
         self.parent = os.getpid()
         self.rng = np.random.default_rng(0)
 
+    def _source(self) -> BatchSource:
+        """The batch code, as the pipeline and fastload's workers run it."""
+        return BatchSource(self.dataset, False, True, default_collate, self.batch_size, False)
+
     def _batch_bytes(self) -> int:
-        source = BatchSource(self.dataset, False, True, default_collate, self.batch_size, False)
+        source = self._source()
         source.start_epoch(0)
         sizes: list[int] = []
 
@@ -164,7 +168,7 @@ class StrippedLoader:
         return range(worker, self.batches, WORKERS)
 
     def _work(self, worker: int, first_epoch: int, epochs: int) -> None:
-        source = BatchSource(self.dataset, False, True, default_collate, self.batch_size, False)
+        source = self._source()
         counters, order, size = self.counters, self.order, self.batch_size
         private = np.empty(self.slot_bytes, np.uint8) if self.destination == "private" else None
         bounded = self.hand_over == "each"
@@ -193,6 +197,7 @@ class StrippedLoader:
                 try:
                     self._work(worker, self.epochs_begun, epochs)
                 except BaseException:
+                    traceback.print_exc()  # the main process only sees the worker gone
                     code = 1
                 finally:
                     os._exit(code)
@@ -217,13 +222,14 @@ class StrippedLoader:
                 made = (epoch + 1) * len(self._own_batches(worker))
                 self.counters.wait_above(worker, made - 1, self._workers_alive)
             samples = self.batches * size
-        for batch_no in range(self.batches if self.hand_over == "each" else 0):
-            worker = batch_no % WORKERS
-            j = epoch * len(self._own_batches(worker)) + batch_no // WORKERS
-            self.counters.wait_above(worker, j, self._workers_alive)
-            slot = self.slots[worker * self.slots_per_worker + j % self.slots_per_worker]
-            samples += len(slot[:size])  # the caller's view
-            self.counters.bump(WORKERS + worker)
+        else:
+            for batch_no in range(self.batches):
+                worker = batch_no % WORKERS
+                j = epoch * len(self._own_batches(worker)) + batch_no // WORKERS
+                self.counters.wait_above(worker, j, self._workers_alive)
+                slot = self.slots[worker * self.slots_per_worker + j % self.slots_per_worker]
+                samples += len(slot[:size])  # the caller's view
+                self.counters.bump(WORKERS + worker)
         self.epochs_begun += 1
         if not self.persistent:
             self.exiting += self.pids
