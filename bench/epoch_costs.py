@@ -19,8 +19,12 @@ lives in ``bench_loader.py``.  ``--workers 2`` runs one mode alone, e.g. under
 ``--busy-us N`` makes the main process spend N microseconds of CPU on each
 batch it gets, as a caller's step would: how the epoch grows with N is what
 each microsecond of the main process's own per-batch work costs.
+``--loader stripped`` measures ``loader_ceiling.py``'s stripped loader
+instead (the same batch code, and none of fastload's per-batch work): the
+difference between the two is what fastload's own work costs each process.
 
     python bench/epoch_costs.py --workload dict --epochs 12
+    python bench/epoch_costs.py --workload dict --epochs 12 --loader stripped
     perf record -a -g -- python bench/epoch_costs.py --workload tiny --workers 2 --epochs 150
     python bench/epoch_costs.py --workload tiny --workers 2p --epochs 15 --busy-us 50
 """
@@ -32,9 +36,10 @@ import os
 import resource
 import statistics
 import time
+from typing import Callable, Iterator
 
 import fastload as fl
-from bench_loader import build_workload
+from bench_loader import Workload, build_workload
 
 def _cpu_seconds(pid: int) -> float:
     """CPU time of ``pid`` so far, in ns resolution (/proc/PID/schedstat; a zombie's too)."""
@@ -59,25 +64,57 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def run(workload_name: str, persistent: bool, epochs: int, busy_per_batch: float = 0.0) -> dict:
-    workload = build_workload(workload_name, "fastload", None)
+def _fastload_epochs(workload: Workload, persistent: bool,
+                     busy_per_batch: float) -> Iterator[tuple[Callable[[], list[int]], float]]:
+    """Per epoch, once its batches are all taken: its workers' pids, and
+    when its first batch came (``time.perf_counter``)."""
     loader = fl.DataLoader(workload.make_fastload(), batch_size=workload.batch_size, shuffle=True,
                            num_workers=2, generator=0, persistent_workers=persistent)
+    while True:
+        iterator = iter(loader)
+        first = None
+        for _ in iterator:
+            if first is None:
+                first = time.perf_counter()
+            if busy_per_batch:
+                _busy(busy_per_batch)
+        yield (lambda pids=iterator.worker_pids: pids), first
+
+
+def _stripped_epochs(workload: Workload, persistent: bool,
+                     busy_per_batch: float) -> Iterator[tuple[Callable[[], list[int]], float]]:
+    """As ``_fastload_epochs``, for ``loader_ceiling.py``'s stripped loader
+    (which has no first batch to time, and no caller's step per batch)."""
+    from loader_ceiling import StrippedLoader
+
+    if busy_per_batch:
+        raise SystemExit("--busy-us is for fastload's loader only")
+    stripped = StrippedLoader(workload, persistent)
+    try:
+        if persistent:
+            stripped.start_workers(1_000_000)  # they run until closed
+        while True:
+            stripped.epoch()
+            yield (lambda pids=list(stripped.epoch_pids): pids), float("nan")
+    finally:
+        stripped.close()
+
+
+def run(workload_name: str, persistent: bool, epochs: int, busy_per_batch: float = 0.0,
+        loader: str = "fastload") -> dict:
+    workload = build_workload(workload_name, "fastload", None)
+    make_epochs = _fastload_epochs if loader == "fastload" else _stripped_epochs
+    epochs_run = make_epochs(workload, persistent, busy_per_batch)
     rows = []
     for _ in range(epochs):
         idle = _idle_seconds()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         main_cpu, faults = usage.ru_utime + usage.ru_stime, usage.ru_minflt
         start = time.perf_counter()
-        iterator = iter(loader)
-        pids = iterator.worker_pids
-        first = None
-        for _ in iterator:
-            if first is None:
-                first = time.perf_counter() - start
-            if busy_per_batch:
-                _busy(busy_per_batch)
+        worker_pids, first_at = next(epochs_run)
         wall = time.perf_counter() - start
+        first = first_at - start
+        pids = worker_pids()
         idle = _idle_seconds() - idle  # in ticks of 10 ms: meaningful summed over epochs
         # New workers exit after the epoch: give them a moment, then read their
         # totals before they are reaped.  (Persistent ones: read the growth.)
@@ -93,6 +130,7 @@ def run(workload_name: str, persistent: bool, epochs: int, busy_per_batch: float
         totals = [row["worker_cpu"] for row in rows]
         for i in range(len(rows) - 1, 0, -1):
             rows[i]["worker_cpu"] = [a - b for a, b in zip(totals[i], totals[i - 1])]
+    epochs_run.close()
     later = rows[1:]
     return {
         "wall_ms": 1e3 * statistics.median(r["wall"] for r in later),
@@ -114,14 +152,20 @@ def main() -> None:
                              "to see what the main process's time per batch costs an epoch")
     parser.add_argument("--workers", nargs="+", default=["2", "2p"], choices=["2", "2p"],
                         help="2: new workers every epoch; 2p: persistent workers")
+    parser.add_argument("--loader", choices=["fastload", "stripped"], default="fastload",
+                        help="stripped: loader_ceiling.py's stripped loader instead, to see "
+                             "where fastload spends more")
     options = parser.parse_args()
-    print(f"{options.workload}, 2 workers, median of epochs 2..{options.epochs} (idle CPU: mean)")
+    print(f"{options.workload}, {options.loader}, 2 workers, "
+          f"median of epochs 2..{options.epochs} (idle CPU: mean)")
     print("| workers | epoch (ms) | first batch (ms) | main CPU (ms) | workers' CPU (ms) "
           "| main page faults | idle CPU (ms) | samples/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for workers in options.workers:
-        r = run(options.workload, workers == "2p", options.epochs, options.busy_us * 1e-6)
-        print(f"| {workers} | {r['wall_ms']:.1f} | {r['first_ms']:.1f} | "
+        r = run(options.workload, workers == "2p", options.epochs, options.busy_us * 1e-6,
+                options.loader)
+        first = "–" if r["first_ms"] != r["first_ms"] else f"{r['first_ms']:.1f}"  # NaN: not timed
+        print(f"| {workers} | {r['wall_ms']:.1f} | {first} | "
               f"{r['main_cpu_ms']:.1f} | {r['worker_cpu_ms']:.1f} | {r['main_faults']:.0f} | "
               f"{r['idle_ms']:.1f} | "
               f"{r['samples'] / r['wall_ms'] * 1e3:,.0f} |")

@@ -26,14 +26,17 @@ cache) and with the machine (two CPUs shared by three processes); what
 fastload leaves below the stripped loader is the price of everything it
 does per batch on top.
 
-Three options change the stripped loader (fastload is left as it is), to
+Four options change the stripped loader (fastload is left as it is), to
 see where its own loss lies: ``--prefetch N`` lets its workers run N batches
 ahead instead of 2; ``--hand-over epoch-end`` makes the main process take
 nothing until the epoch's end, so the workers run free (overwriting their
 slots: nobody reads them); ``--destination private`` has each worker write
 every batch into one private buffer, reused as the pipeline alone reuses its
 own, instead of rotating through its slots (no loader can do that: the caller
-holds one batch while the next ones are made).
+holds one batch while the next ones are made); ``--signal pipes`` carries its
+per-batch signals through pipes read with ``poll``, as fastload's tasks and
+answers travel, instead of futexes (whether fastload would gain from moving
+its messages to shared memory).
 
 Linux on x86-64 only: the futex system call's number is x86-64's, and the
 counters are plain stores, which x86-64 makes visible in order.
@@ -41,6 +44,7 @@ counters are plain stores, which x86-64 makes visible in order.
     python bench/loader_ceiling.py --workloads tiny dict --workers 2p 2 --rounds 20
     python bench/loader_ceiling.py --workloads tiny --workers 2p --rounds 10 --no-write \
         --hand-over epoch-end --destination private
+    python bench/loader_ceiling.py --workloads dict --rounds 10 --no-write --signal pipes
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import errno
 import mmap
 import os
 import platform
+import select
 import statistics
 import sys
 import time
@@ -116,6 +121,46 @@ class Counters:
                 raise RuntimeError(f"counter {i} stayed at {seen} for {_DEADLINE_S} s")
 
 
+class PipeCounters:
+    """The per-batch counters of ``Counters`` (``made[w]``, ``taken[w]``) carried
+    instead as bytes through one pipe each, read with ``poll`` and ``read`` as
+    fastload's two sides read their messages: each bump writes one byte, and
+    a waiting reader counts every byte waiting at once.
+
+    Made anew with each set of workers (``base``: the counts so far), so that
+    bytes a past epoch's worker left unread do not count for the next.
+    """
+
+    def __init__(self, base: list[int]) -> None:
+        self.counts = list(base)
+        self.ends = [os.pipe() for _ in base]
+        self.pollers = []
+        for read_end, _ in self.ends:
+            poller = select.poll()
+            poller.register(read_end, select.POLLIN)
+            self.pollers.append(poller)
+
+    def bump(self, i: int) -> None:
+        self.counts[i] += 1
+        os.write(self.ends[i][1], b"\x01")
+
+    def wait_above(self, i: int, target: int, alive: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + _DEADLINE_S
+        liveness_ms = _LIVENESS.tv_nsec // 1_000_000
+        while self.counts[i] <= target:
+            if self.pollers[i].poll(liveness_ms):
+                self.counts[i] += len(os.read(self.ends[i][0], 4096))
+            elif not alive():
+                raise RuntimeError("the other side of the stripped loader is gone")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pipe {i} stayed at {self.counts[i]} for {_DEADLINE_S} s")
+
+    def close(self) -> None:
+        for read_end, write_end in self.ends:
+            os.close(read_end)
+            os.close(write_end)
+
+
 class StrippedLoader:
     """Torch's batch assignment and prefetch bound, and nothing else (module docstring).
 
@@ -128,11 +173,13 @@ class StrippedLoader:
     """
 
     def __init__(self, workload: Workload, persistent: bool, prefetch: int = PREFETCH,
-                 hand_over: str = "each", destination: str = "slots") -> None:
+                 hand_over: str = "each", destination: str = "slots",
+                 signal: str = "futex") -> None:
         self.dataset, self.batch_size = workload.pipeline(), workload.batch_size
         self.batches = len(self.dataset) // self.batch_size  # the last, partial one left out
         self.persistent = persistent
         self.prefetch, self.hand_over, self.destination = prefetch, hand_over, destination
+        self.signal = signal
         self.slots_per_worker = prefetch + 2
         self.slot_bytes = slot_bytes = self._batch_bytes()
         slots = WORKERS * self.slots_per_worker
@@ -142,8 +189,11 @@ class StrippedLoader:
         self.slots = [whole[i * slot_bytes:(i + 1) * slot_bytes] for i in range(slots)]
         self.order = whole[slots * slot_bytes:][:8 * samples].view(np.int64)
         self.counters = Counters(whole[slots * slot_bytes + 8 * samples:][:64].view(np.int32))
+        # made[w], taken[w]: the counters themselves, or pipes (``signal="pipes"``)
+        self.per_batch: Counters | PipeCounters = self.counters
         self.epochs_begun = 0
         self.pids: list[int] = []
+        self.epoch_pids: list[int] = []
         self.exiting: list[int] = []  # new workers of past epochs, not yet reaped
         self.parent = os.getpid()
         self.rng = np.random.default_rng(0)
@@ -169,7 +219,7 @@ class StrippedLoader:
 
     def _work(self, worker: int, first_epoch: int, epochs: int) -> None:
         source = self._source()
-        counters, order, size = self.counters, self.order, self.batch_size
+        counters, per_batch, order, size = self.counters, self.per_batch, self.order, self.batch_size
         private = np.empty(self.slot_bytes, np.uint8) if self.destination == "private" else None
         bounded = self.hand_over == "each"
 
@@ -182,14 +232,20 @@ class StrippedLoader:
             made_before = epoch * len(self._own_batches(worker))
             for j, batch_no in enumerate(self._own_batches(worker), start=made_before):
                 if bounded:
-                    counters.wait_above(WORKERS + worker, j - self.prefetch, main_alive)
+                    per_batch.wait_above(WORKERS + worker, j - self.prefetch, main_alive)
                 out = private if private is not None else \
                     self.slots[worker * self.slots_per_worker + j % self.slots_per_worker]
                 source.make_into(batch_no, order[batch_no * size:(batch_no + 1) * size], True,
                                  lambda nbytes, out=out: out)
-                counters.bump(worker)
+                per_batch.bump(worker)
 
     def start_workers(self, epochs: int) -> None:
+        if self.signal == "pipes":
+            # At an epoch's start every batch made so far has been taken.
+            made = [self.epochs_begun * len(self._own_batches(w)) for w in range(WORKERS)]
+            if isinstance(self.per_batch, PipeCounters):
+                self.per_batch.close()
+            self.per_batch = PipeCounters(made + made)  # made[w], then taken[w]
         for worker in range(WORKERS):
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the child
@@ -220,23 +276,27 @@ class StrippedLoader:
         if self.hand_over == "epoch-end":
             for worker in range(WORKERS):
                 made = (epoch + 1) * len(self._own_batches(worker))
-                self.counters.wait_above(worker, made - 1, self._workers_alive)
+                self.per_batch.wait_above(worker, made - 1, self._workers_alive)
             samples = self.batches * size
         else:
             for batch_no in range(self.batches):
                 worker = batch_no % WORKERS
                 j = epoch * len(self._own_batches(worker)) + batch_no // WORKERS
-                self.counters.wait_above(worker, j, self._workers_alive)
+                self.per_batch.wait_above(worker, j, self._workers_alive)
                 slot = self.slots[worker * self.slots_per_worker + j % self.slots_per_worker]
                 samples += len(slot[:size])  # the caller's view
-                self.counters.bump(WORKERS + worker)
+                self.per_batch.bump(WORKERS + worker)
         self.epochs_begun += 1
+        self.epoch_pids = list(self.pids)  # this epoch's workers
         if not self.persistent:
             self.exiting += self.pids
             self.pids = []
         return samples
 
     def close(self) -> None:
+        if isinstance(self.per_batch, PipeCounters):
+            self.per_batch.close()
+            self.per_batch = self.counters
         for pid in self.pids:
             try:
                 os.kill(pid, 9)
@@ -353,15 +413,19 @@ def main(argv: list[str] | None = None) -> int:
                              "until the epoch's end")
     parser.add_argument("--destination", choices=["slots", "private"], default="slots",
                         help="private: the stripped loader's workers reuse one private buffer")
+    parser.add_argument("--signal", choices=["futex", "pipes"], default="futex",
+                        help="pipes: the stripped loader's per-batch signals go through "
+                             "pipes, read with poll, as fastload's messages do")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     options = parser.parse_args(argv)
     variant = {"prefetch": options.prefetch, "hand_over": options.hand_over,
-               "destination": options.destination}
+               "destination": options.destination, "signal": options.signal}
     results = []
     for name in options.workloads:
         for workers in options.workers:
             results.append(measure(name, workers, options.rounds, options.epochs, variant))
             print(table(results[-1:]).splitlines()[-1], flush=True)
+    signals = {"futex": "futexes in shared memory", "pipes": "pipes"}
     command = "python bench/loader_ceiling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## How close a loader can come\n\n`{command.strip()}`: in one process, "
             f"{options.rounds} rotated rounds of {options.epochs} epochs of each kind (pipeline, "
@@ -370,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             f"pipeline's one-process rate, as in *Loader*; *side by side* = two forked processes "
             f"running the pipeline at once, their samples over the span from the first start to "
             f"the last end; *stripped loader* = torch's batch assignment and "
-            f"prefetch bound over futexes in shared memory, nothing else (see the script's "
+            f"prefetch bound over {signals[options.signal]}, nothing else (see the script's "
             f"docstring); *fastload* = `fastload.DataLoader`, two workers.\n\n"
             + table(results) + "\n")
     print("\n" + text)
