@@ -102,6 +102,13 @@ def join_strings(items: Any) -> str | None:
     """``"\\0".join(items)`` when ``items`` is a non-empty list or tuple of exact ``str``
     without NUL characters (so ``split("\\0")`` gives them back), else None."""
 
+# _plan_key.pxi
+def layout_key(sample: Any, keep: list[Any]) -> tuple[Any, ...] | None:
+    """A hashable key equal for two samples exactly when ``default_collate`` lays their
+    batches out alike, or None for a sample it cannot describe exactly (tensors,
+    mapping subclasses, other objects); the dtypes it names by id are appended to
+    ``keep``, which must outlive the key's use."""
+
 # --- zero-copy arrays over a ring slot (_views.pxi) ---
 
 def lease_array(lease: Any, memory: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

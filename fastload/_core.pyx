@@ -11,6 +11,7 @@ extension module so the kernels share a single import:
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
   (the image pipeline's hot loop).
 * ``_text.pxi``: a batch's strings joined for the result pipe.
+* ``_plan_key.pxi``: the key under which a batch's planned layout is kept.
 * ``_views.pxi``: zero-copy arrays over a ring slot, for the batches the
   main process hands out.
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
@@ -21,5 +22,6 @@ include "_random.pxi"
 include "_copy.pxi"
 include "_resample.pxi"
 include "_text.pxi"
+include "_plan_key.pxi"
 include "_views.pxi"
 include "_termination.pxi"

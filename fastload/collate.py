@@ -397,12 +397,13 @@ class BatchLayout:
     not pickled.
     """
 
-    __slots__ = ("root", "nbytes", "length_checks", "_value_leaves", "_as_torch")
+    __slots__ = ("root", "nbytes", "length_checks", "_leaves", "_value_leaves", "_as_torch")
 
     def __init__(self, root: Any, length_checks: list | None = None) -> None:
         self.root = root
         self.nbytes = 0
         self.length_checks = length_checks or []
+        self._leaves: list | None = None
         self._value_leaves: list | None = None
         self._as_torch = False
 
@@ -410,15 +411,18 @@ class BatchLayout:
         return (_rebuild_layout, (self.root, self.nbytes))
 
     def leaves(self) -> list:
-        found: list = []
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, (ArraySlot, Value)):
-                found.append(node)
-            else:
-                stack.extend(reversed(node.children))
-        return found
+        """The leaves, in tree order (found once: the tree does not change shape)."""
+        if self._leaves is None:
+            found: list = []
+            stack = [self.root]
+            while stack:
+                node = stack.pop()
+                if isinstance(node, (ArraySlot, Value)):
+                    found.append(node)
+                else:
+                    stack.extend(reversed(node.children))
+            self._leaves = found
+        return self._leaves
 
     def assign_offsets(self) -> int:
         """Place array leaves one after another, aligned; return the total bytes."""
@@ -588,6 +592,48 @@ def plan_collate(samples: Sequence) -> BatchLayout:
                 leaf.as_torch = True
     layout.assign_offsets()
     return layout
+
+
+# A loader keeps at most this many planned layouts: batches whose layout keeps
+# changing (a new shape each time) must not grow them without end.
+_KEPT_LAYOUTS = 16
+
+
+class PlannedLayouts:
+    """The layouts one loader's batches were planned with, by the ``_core.layout_key``
+    of their first sample (NOTE [ Layouts planned once ] in ``_plan_key.pxi``).
+
+    A kept layout is handed out for every batch with its key, so it never
+    changes once kept: a batch that needs promotion (mixed dtypes) is planned
+    afresh instead.  Between batches it holds no values: whoever takes a
+    batch's layout takes them out (``detach_values``).  Not for sharing
+    between threads: while a batch is made, its layout holds that batch's values.
+    """
+
+    def __init__(self) -> None:
+        # key -> (layout, the dtypes the key names by id, kept alive with it)
+        self._layouts: dict[tuple, tuple[BatchLayout, list]] = {}
+
+    def lookup(self, samples: list) -> tuple[BatchLayout | None, tuple | None]:
+        """``(the layout kept for these samples or None, ticket)``; the ticket
+        (None for samples without a key) is what ``keep`` and ``drop`` take."""
+        dtypes: list = []
+        key = _core.layout_key(samples[0], dtypes)
+        if key is None:
+            return None, None
+        ticket = ((len(samples), key), dtypes)
+        kept = self._layouts.get(ticket[0])
+        return (kept[0] if kept is not None else None), ticket
+
+    def keep(self, ticket: tuple, layout: BatchLayout) -> None:
+        """Keep ``layout`` (planned and filled without promotion) for later batches."""
+        key, dtypes = ticket
+        if len(self._layouts) >= _KEPT_LAYOUTS:
+            self._layouts.clear()
+        self._layouts[key] = (layout, dtypes)
+
+    def drop(self, ticket: tuple) -> None:
+        self._layouts.pop(ticket[0], None)
 
 
 def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:
@@ -950,14 +996,15 @@ def private_buffer(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, dtype=np.uint8)
 
 
-def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = private_buffer
-                 ) -> tuple[BatchLayout, np.ndarray]:
+def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = private_buffer,
+                 planned: PlannedLayouts | None = None) -> tuple[BatchLayout, np.ndarray]:
     """Collate ``samples`` as ``default_collate`` does, into a buffer from ``allocate``.
 
     ``allocate(nbytes)`` returns a flat uint8 array of at least ``nbytes``
     (a private array, or a slot of the shared-memory ring).  It may be called
     again if a leaf turns out to need promotion (mixed dtypes), which changes
-    the batch's size.
+    the batch's size.  ``planned``: a loader's layouts, reused for a batch
+    laid out as an earlier one (the layout returned is then that one).
     """
     first = _first_sample(samples)
     if isinstance(first, (str, bytes)):
@@ -966,6 +1013,14 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
         return BatchLayout(Value(samples)), allocate(0)
     if type(samples) is not list:  # the kernels take exactly a list
         samples = _sample_list(samples, first)
+    ticket = None
+    if planned is not None:
+        layout, ticket = planned.lookup(samples)
+        if layout is not None:
+            buffer = _fill_kept(samples, layout, allocate)
+            if buffer is not None:
+                return layout, buffer
+            ticket = None  # the batch is made below, as if nothing were kept, and not kept
     layout = plan_collate(samples)
     leaves = layout.leaves()
     try:
@@ -973,13 +1028,14 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
             _check_length(samples, path, expected)
         while True:
             buffer = allocate(layout.nbytes)
-            if all(_fill_leaf(samples, leaf, buffer) for leaf in leaves
-                   if isinstance(leaf, ArraySlot)):
+            if _fill_arrays(samples, leaves, buffer):
                 break
+            ticket = None  # a promoted layout is this batch's alone
             layout.assign_offsets()  # a leaf was promoted: sizes changed, lay out again
-        for leaf in leaves:
-            if isinstance(leaf, Value):
-                _fill_value(samples, leaf)
+        for leaf in layout.value_leaves():
+            _fill_value(samples, leaf)
+        if ticket is not None:
+            planned.keep(ticket, layout)
         return layout, buffer
     except Exception as error:
         fault = error
@@ -991,6 +1047,41 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
         raise fault
     finally:
         del fault  # this frame, in its traceback, would hold it (and the samples) in a cycle
+
+
+def _fill_arrays(samples: list, leaves: list, buffer: np.ndarray, restore: bool = False) -> bool:
+    """Fill the array leaves; False when one had to be promoted (it was, unless
+    ``restore``: then it is left as it was, for a layout that must not change)."""
+    for leaf in leaves:
+        if isinstance(leaf, ArraySlot):
+            dtype, kind = leaf.dtype, leaf.kind
+            try:
+                filled = _fill_leaf(samples, leaf, buffer)
+            finally:
+                if restore:
+                    leaf.dtype, leaf.kind = dtype, kind
+            if not filled:
+                return False
+    return True
+
+
+def _fill_kept(samples: list, layout: BatchLayout, allocate: Callable[[int], np.ndarray]
+               ) -> np.ndarray | None:
+    """Fill a kept layout (``PlannedLayouts``) with ``samples``: the buffer; or None,
+    the layout left as it was and without values, when a leaf needs promotion
+    or anything fails.  Such a batch is then made as if nothing were kept,
+    which raises its fault as torch meets it (those checks may promote leaves)."""
+    try:
+        for path, expected in layout.length_checks:
+            _check_length(samples, path, expected)
+        buffer = allocate(layout.nbytes)
+        if _fill_arrays(samples, layout.leaves(), buffer, restore=True):
+            for leaf in layout.value_leaves():
+                _fill_value(samples, leaf)
+            return buffer
+    except Exception:
+        layout.detach_values()
+    return None
 
 
 def _check_length(samples: list, path: tuple, expected: int | None) -> None:

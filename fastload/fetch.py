@@ -26,9 +26,9 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload import _core
-from fastload.collate import (BatchLayout, ArraySlot, SequenceNode, collate_into, default_collate,
-                              fn_map_is_pristine, is_string_or_object_dtype, pack_into,
-                              private_buffer, to_torch)
+from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNode, collate_into,
+                              default_collate, fn_map_is_pristine, is_string_or_object_dtype,
+                              pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload.rng import seed_transform_rng
 
@@ -82,6 +82,7 @@ class BatchSource:
         self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
             and not iterable else None
         self._array_layouts: dict[int, BatchLayout] = {}
+        self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
         # output="torch" in the main process: collated batches are built as tensors.
@@ -192,13 +193,16 @@ class BatchSource:
         rows = self._integer_rows(indices, kernel_batch)
         if rows is not None:
             layout, buffer = self._gather_arrays(rows, private_buffer)
-        elif self.default_collate and self.as_torch and fn_map_is_pristine():
-            layout, buffer = collate_into(self._fetch(indices, kernel_batch))
+        elif self.default_collate and fn_map_is_pristine():
+            layout, buffer = collate_into(self._fetch(indices, kernel_batch), planned=self._planned)
         else:
             batch = self.collate_fn(self._fetch(indices, kernel_batch))
             # as_torch with a changed map: no layout says which leaves are data.
             return to_torch(batch) if self.as_torch else batch
-        return (layout.as_torch() if self.as_torch else layout).build(buffer)
+        if self.as_torch:
+            layout.as_torch()
+        # The values come out of the layout: a kept one holds none between batches.
+        return layout.build(buffer, layout.detach_values())
 
     def make_into(self, batch_no: int, indices: Any, kernel_batch: bool,
                   allocate: Callable[[int], np.ndarray]) -> BatchLayout:
@@ -209,5 +213,5 @@ class BatchSource:
             return self._gather_arrays(rows, allocate)[0]
         data = self._fetch(indices, kernel_batch)
         if self.default_collate and fn_map_is_pristine():
-            return collate_into(data, allocate)[0]
+            return collate_into(data, allocate, self._planned)[0]
         return pack_into(self.collate_fn(data), allocate)[0]

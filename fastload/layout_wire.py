@@ -95,9 +95,14 @@ class LayoutSender:
     def encode(self, layout: BatchLayout) -> tuple[int, bytes | None, bytes | None]:
         last = self._last
         if last is not None:
+            if last[0] is layout:
+                # A layout kept for the worker's batches (the ArrayDataset
+                # path's, with no values; a kept collate plan, NOTE [ Layouts
+                # planned once ]): never changed, so only its values are new.
+                return last[1], None, _pickle_values(layout.detach_values())
             values: list = []
-            # The ArrayDataset path reuses one layout object, with no values.
-            if last[0] is layout or last[0].matches(layout, values):
+            if last[0].matches(layout, values):
+                layout.detach_values()  # a kept layout holds none between batches
                 return last[1], None, _pickle_values(values)
         values = layout.detach_values()
         values_bytes = _pickle_values(values)

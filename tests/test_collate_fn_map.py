@@ -20,6 +20,7 @@ from batch_compare import assert_same, assert_same_as_torch
 
 import fastload
 import fastload.collate as fl_collate
+import fastload.fetch
 from fastload.collate import collate, default_collate, default_collate_fn_map
 
 
@@ -127,15 +128,17 @@ def test_torch_loaded_after_fastload_is_keyed_first_and_fastload_does_not_import
 
 
 def _spy_on_collate_into(monkeypatch) -> list:
-    """The sample lists ``collate_into`` (the layout path) is called with, from now on."""
+    """The sample lists ``collate_into`` (the layout path) is called with, from now on,
+    by ``default_collate`` or by a loader's batch source."""
     calls = []
     collate_into = fl_collate.collate_into
 
-    def spy(samples, *args):
+    def spy(samples, *args, **kwargs):
         calls.append(samples)
-        return collate_into(samples, *args)
+        return collate_into(samples, *args, **kwargs)
 
     monkeypatch.setattr(fl_collate, "collate_into", spy)
+    monkeypatch.setattr(fastload.fetch, "collate_into", spy)
     return calls
 
 
