@@ -604,8 +604,8 @@ class PlannedLayouts:
     of their first sample (NOTE [ Layouts planned once ] in ``_plan_key.pxi``).
 
     A kept layout is handed out for every batch with its key, so it never
-    changes once kept: a batch that needs promotion (mixed dtypes) is planned
-    afresh instead.  Between batches it holds no values: whoever takes a
+    changes once kept: a batch that needs promotion (mixed dtypes) or fails
+    is made with a layout planned afresh, which is not kept.  Between batches it holds no values: whoever takes a
     batch's layout takes them out (``detach_values``).  Not for sharing
     between threads: while a batch is made, its layout holds that batch's values.
     """
@@ -616,7 +616,7 @@ class PlannedLayouts:
 
     def lookup(self, samples: list) -> tuple[BatchLayout | None, tuple | None]:
         """``(the layout kept for these samples or None, ticket)``; the ticket
-        (None for samples without a key) is what ``keep`` and ``drop`` take."""
+        (None for samples without a key) is what ``keep`` takes."""
         dtypes: list = []
         key = _core.layout_key(samples[0], dtypes)
         if key is None:
@@ -631,9 +631,6 @@ class PlannedLayouts:
         if len(self._layouts) >= _KEPT_LAYOUTS:
             self._layouts.clear()
         self._layouts[key] = (layout, dtypes)
-
-    def drop(self, ticket: tuple) -> None:
-        self._layouts.pop(ticket[0], None)
 
 
 def _walk_error(samples: Sequence, path: tuple, error: Exception) -> Exception:

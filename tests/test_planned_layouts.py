@@ -132,9 +132,9 @@ def test_a_batch_that_needs_promotion_leaves_the_kept_layout_as_it_was():
     assert promoted is not layout
     assert_same_as_default_collate(promoted.build(buffer), mixed)
     assert [leaf.dtype for leaf in layout.leaves()] == [np.dtype(np.int64), np.dtype(np.int32)]
-    # The batches after it are laid out as their own first sample says, not as the promoted one.
+    # The batches after it take the kept layout again, not the promoted one.
     after, buffer = collate_into(ints, _buffer, planned)
-    assert after is not promoted
+    assert after is layout
     assert_same_as_default_collate(after.build(buffer), ints)
 
 
