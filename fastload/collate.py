@@ -605,9 +605,10 @@ class PlannedLayouts:
 
     A kept layout is handed out for every batch with its key, so it never
     changes once kept: a batch that needs promotion (mixed dtypes) or fails
-    is made with a layout planned afresh, which is not kept.  Between batches it holds no values: whoever takes a
-    batch's layout takes them out (``detach_values``).  Not for sharing
-    between threads: while a batch is made, its layout holds that batch's values.
+    is made with a layout planned afresh, which is not kept.  Between batches
+    a kept layout holds no values: whoever takes a batch's layout takes them
+    out (``detach_values``).  Not for sharing between threads: while a batch
+    is made, its layout holds that batch's values.
     """
 
     def __init__(self) -> None:
