@@ -1022,16 +1022,14 @@ def collate_into(samples: Sequence, allocate: Callable[[int], np.ndarray] = priv
     layout = plan_collate(samples)
     leaves = layout.leaves()
     try:
-        for path, expected in layout.length_checks:
-            _check_length(samples, path, expected)
+        _check_lengths(samples, layout)
         while True:
             buffer = allocate(layout.nbytes)
             if _fill_arrays(samples, leaves, buffer):
                 break
             ticket = None  # a promoted layout is this batch's alone
             layout.assign_offsets()  # a leaf was promoted: sizes changed, lay out again
-        for leaf in layout.value_leaves():
-            _fill_value(samples, leaf)
+        _fill_values(samples, layout)
         if ticket is not None:
             planned.keep(ticket, layout)
         return layout, buffer
@@ -1070,16 +1068,24 @@ def _fill_kept(samples: list, layout: BatchLayout, allocate: Callable[[int], np.
     or anything fails.  Such a batch is then made as if nothing were kept,
     which raises its fault as torch meets it (those checks may promote leaves)."""
     try:
-        for path, expected in layout.length_checks:
-            _check_length(samples, path, expected)
+        _check_lengths(samples, layout)
         buffer = allocate(layout.nbytes)
         if _fill_arrays(samples, layout.leaves(), buffer, restore=True):
-            for leaf in layout.value_leaves():
-                _fill_value(samples, leaf)
+            _fill_values(samples, layout)
             return buffer
     except Exception:
         layout.detach_values()
     return None
+
+
+def _check_lengths(samples: list, layout: BatchLayout) -> None:
+    for path, expected in layout.length_checks:
+        _check_length(samples, path, expected)
+
+
+def _fill_values(samples: list, layout: BatchLayout) -> None:
+    for leaf in layout.value_leaves():
+        _fill_value(samples, leaf)
 
 
 def _check_length(samples: list, path: tuple, expected: int | None) -> None:
