@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .progress import progress_bar
+from .vision.decode import pil_loader
 from .vision.folder import ImageFolder
 from .vision.synthetic import write_image_folder
 from .vision import transforms as T
@@ -52,6 +53,8 @@ __all__ = [
     "measure_fastload",
     "measure_torch",
     "TorchvisionStylePipeline",
+    "full_decode_loader",
+    "reduced_decode_shares",
     "compare_rounds",
     "plot_scaling",
 ]
@@ -123,11 +126,56 @@ def _scanned_folder(root: str) -> ImageFolder:
     return ImageFolder(root)
 
 
-def _image_folder(root: str, transform: Any = None) -> ImageFolder:
-    """``ImageFolder(root, transform=transform)``, reusing an earlier scan of ``root``."""
+def full_decode_loader(path: str) -> Any:
+    """``pil_loader`` under another name: a loader that is not ``default_loader`` is never
+    planned, so ``ImageFolder`` decodes every JPEG in full, as torchvision does."""
+    return pil_loader(path)
+
+
+def _image_folder(root: str, transform: Any = None, decode: str = "auto") -> ImageFolder:
+    """``ImageFolder(root, transform=transform)``, reusing an earlier scan of ``root``.
+
+    ``decode="full"`` gives it ``full_decode_loader``, the way a user asks for
+    torchvision's full decode; ``"auto"`` keeps the reduced-size JPEG decode.
+    """
+    if decode not in ("auto", "full"):
+        raise ValueError(f"decode must be 'auto' or 'full', got {decode!r}")
     folder = copy.copy(_scanned_folder(os.path.abspath(root)))
     folder.transform = transform
+    if decode == "full":
+        folder.loader = full_decode_loader
     return folder
+
+
+def reduced_decode_shares(root: str, *, max_images: int | None = None, seed: int = 0,
+                          probe: int = 256) -> dict[int, float]:
+    """The share of images fastload's pipeline decodes at each JPEG reduction (1, 2, 4, 8).
+
+    Plans the standard transform's region for up to ``probe`` of the files
+    from their headers alone, drawing crops as the pipeline does, so the
+    report can say which decode fastload used without instrumenting workers.
+    """
+    from PIL import Image
+
+    from .rng import seed_transform_rng
+
+    folder = _image_folder(root)
+    pool = _sample_indices(len(folder), max_images)
+    pool = np.arange(len(folder)) if pool is None else pool
+    chosen = np.random.default_rng(seed).choice(pool, size=min(probe, len(pool)), replace=False)
+    head = standard_transform().transforms[0]
+    seed_transform_rng(seed, 0)
+    counts = {1: 0, 2: 0, 4: 0, 8: 0}
+    for index in chosen:
+        try:
+            with Image.open(folder.samples.path(int(index))) as img:
+                is_jpeg, (width, height) = img.format == "JPEG", img.size
+        except OSError:
+            continue  # the measurement itself reports an unreadable file, naming its sample
+        reduction = head.plan_region(width, height).max_reduction() if is_jpeg else 1
+        counts[reduction] += 1
+    probed = sum(counts.values())
+    return {reduction: count / probed if probed else 0.0 for reduction, count in counts.items()}
 
 
 def _sample_indices(count: int, max_images: int | None) -> np.ndarray | None:
@@ -184,7 +232,7 @@ def _run_epochs(loader: Any, epochs: int, description: str,
 
 
 def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | None = None,
-                           seed: int = 0, progress: bool = False) -> dict:
+                           seed: int = 0, decode: str = "auto", progress: bool = False) -> dict:
     """Single-process rate of the pipeline with no loader, and that rate times ``workers``.
 
     Returns the result dict (``framework="pipeline"``) plus
@@ -192,7 +240,7 @@ def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | Non
     """
     from .rng import seed_transform_rng
 
-    dataset = _image_folder(root, standard_transform())
+    dataset = _image_folder(root, standard_transform(), decode)
     indices = _sample_indices(len(dataset), max_images)
     order = np.random.default_rng(seed).permutation(len(dataset) if indices is None else indices)
     bar = progress_bar(len(order), "pipeline, no loader", progress)
@@ -212,12 +260,13 @@ def measure_pipeline_limit(root: str, workers: int = 1, *, max_images: int | Non
 
 
 def measure_fastload(root: str, workers: int, batch_size: int = 64, *, epochs: int = 1,
-                     max_images: int | None = None, seed: int = 0, progress: bool = False) -> dict:
+                     max_images: int | None = None, seed: int = 0, decode: str = "auto",
+                     progress: bool = False) -> dict:
     """Images/s of ``fastload.DataLoader`` over ``ImageFolder(root)`` with the standard pipeline."""
     from .dataloader import DataLoader
     from .dataset import Subset
 
-    folder = _image_folder(root, standard_transform())
+    folder = _image_folder(root, standard_transform(), decode)
     indices = _sample_indices(len(folder), max_images)
     dataset = folder if indices is None else Subset(folder, indices)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
@@ -287,8 +336,13 @@ class TorchvisionStylePipeline:
 
 
 def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int = 1,
-                  max_images: int | None = None, seed: int = 0, progress: bool = False) -> dict:
-    """Images/s of ``torch.utils.data.DataLoader`` with a torchvision user's equivalent pipeline."""
+                  max_images: int | None = None, seed: int = 0, decode: str = "auto",
+                  progress: bool = False) -> dict:
+    """Images/s of ``torch.utils.data.DataLoader`` with a torchvision user's equivalent pipeline.
+
+    It always decodes in full, as torchvision does; ``decode`` is accepted so
+    every ``measure_*`` takes the same options.
+    """
     import torch
     import torch.utils.data
 
@@ -307,7 +361,7 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
 
 def compare_rounds(root: str, workers: int, batch_size: int = 64, *, rounds: int = 3,
                    epochs: int = 1, max_images: int | None = None, seed: int = 0,
-                   frameworks: Sequence[str] = ("fastload", "torch"),
+                   decode: str = "auto", frameworks: Sequence[str] = ("fastload", "torch"),
                    progress: bool = False) -> dict[str, dict]:
     """Run each framework ``rounds`` times, alternating (and alternating who goes first).
 
@@ -322,7 +376,7 @@ def compare_rounds(root: str, workers: int, batch_size: int = 64, *, rounds: int
         for name in order:
             runs[name].append(measure[name](root, workers, batch_size, epochs=epochs,
                                             max_images=max_images, seed=seed + round_no,
-                                            progress=progress))
+                                            decode=decode, progress=progress))
     summary = {}
     for name, results in runs.items():
         rates = [r["images_per_s"] for r in results]
@@ -414,6 +468,10 @@ def add_arguments(parser: Any) -> None:
                         help="draw images/s against worker count (see --plot-workers)")
     parser.add_argument("--plot-workers", type=_parse_worker_list, default=None, metavar="0,1,2",
                         help="worker counts for --plot (default 0 .. cores)")
+    parser.add_argument("--decode", choices=["auto", "full"], default="auto",
+                        help="auto (default): fastload decodes a JPEG at 1/2 to 1/8 of its size when "
+                             "the crop is at least twice the output each way; full: fastload decodes "
+                             "every image in full, as torch's side always does (like for like)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -469,6 +527,23 @@ def _line(label: str, result: dict, limit: float | None = None) -> str:
     return text
 
 
+def _decode_line(root: str, options: Any) -> str:
+    """Which JPEG decode each side uses, so a ratio is never read as like for like when not."""
+    if options.decode == "full":
+        return "  decode: full on both sides (--decode full)"
+    shares = reduced_decode_shares(root, max_images=options.max_images, seed=options.seed)
+    if not any(shares.values()):
+        return "  decode: unknown (none of the probed files could be opened)"
+    if shares[1] == 1.0:
+        return ("  decode: full on both sides (no crop is large enough for a reduced-size "
+                "JPEG decode)")
+    reduced = ", ".join(f"1/{r}: {100 * share:.0f}%" for r, share in shares.items()
+                        if r > 1 and share > 0)
+    return (f"  decode: fastload reduced-size JPEG decode for {100 * (1 - shares[1]):.0f}% of "
+            f"images ({reduced}), full for the rest; torch full; --decode full compares like "
+            f"for like")
+
+
 def run(options: Any) -> int:
     """Run the benchmark described by parsed ``options``; prints a report, returns an exit code.
 
@@ -512,7 +587,8 @@ def _measure_and_report(options: Any) -> int:
           f"RandomHorizontalFlip, to uint8 CHW; batch {options.batch_size}, "
           f"{options.workers} workers, {options.epochs} epoch(s) x {rounds} round(s)", flush=True)
 
-    common = dict(max_images=options.max_images, seed=options.seed)
+    print(_decode_line(root, options), flush=True)
+    common = dict(max_images=options.max_images, seed=options.seed, decode=options.decode)
     pipeline = measure_pipeline_limit(root, options.workers, progress=progress, **common)
     limit = pipeline["limit_images_per_s"]
     print(_line("pipeline, no loader, 1 proc", pipeline))

@@ -233,3 +233,57 @@ def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no
             proc.wait()
     assert proc.returncode == 130, stderr
     assert stderr.strip() == "fastload bench: interrupted"
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory):
+    # Large enough that most RandomResizedCrop(224) boxes allow a reduced-size decode.
+    root = tmp_path_factory.mktemp("photos")
+    write_image_folder(root, 4, (1600, 1200), classes=2, seed=5)
+    return str(root)
+
+
+def test_reduced_decode_shares_follow_image_size(tiny_folder, photo_folder):
+    small = bench.reduced_decode_shares(tiny_folder)
+    assert small == {1: 1.0, 2: 0.0, 4: 0.0, 8: 0.0}
+    large = bench.reduced_decode_shares(photo_folder, probe=8)
+    assert sum(large.values()) == pytest.approx(1.0)
+    assert large[1] < 1.0  # some crops of a 1600x1200 photo are over twice 224 each way
+
+
+def test_full_decode_folder_never_drafts(photo_folder, monkeypatch):
+    from PIL import JpegImagePlugin
+
+    drafts = []
+    real_draft = JpegImagePlugin.JpegImageFile.draft
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
+                        lambda self, *a: drafts.append(a) or real_draft(self, *a))
+    full = bench._image_folder(photo_folder, bench.standard_transform(), "full")
+    auto = bench._image_folder(photo_folder, bench.standard_transform(), "auto")
+    for index in range(len(full)):
+        full[index]
+    assert drafts == []
+    for index in range(len(auto)):
+        auto[index]
+    assert drafts, "the default decode should have drafted some of the 1600x1200 photos"
+    with pytest.raises(ValueError, match="decode"):
+        bench._image_folder(photo_folder, None, "fast")
+
+
+@pytest.mark.parametrize("decode", ["auto", "full"])
+def test_bench_says_which_decode_each_side_used(photo_folder, decode):
+    done = run_cli("bench", photo_folder, "--workers", "0", "--batch-size", "4", "--decode", decode,
+                   "--no-progress")
+    assert done.returncode == 0, done.stderr
+    (line,) = [text for text in done.stdout.splitlines() if text.strip().startswith("decode:")]
+    if decode == "full":
+        assert "full on both sides" in line
+    else:
+        assert re.search(r"fastload reduced-size JPEG decode for \d+% of images \(1/\d", line), line
+        assert "torch full" in line and "--decode full" in line
+
+
+def test_bench_on_small_images_says_both_decode_in_full(tiny_folder):
+    done = run_cli("bench", tiny_folder, "--workers", "0", "--batch-size", "8", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "decode: full on both sides (no crop is large enough" in done.stdout
