@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 from fastload import pipe_ends
-from fastload.cpu_placement import WorkerPlacement
 from fastload.frames import FrameReader, send_frame
 from fastload.interrupts import signals_deferred, signals_held
 from fastload.layout_wire import dumps_task
@@ -180,10 +179,9 @@ class WorkerPool:
 
     Made in two steps: the constructor creates every worker's pipes, so the
     caller can queue the first tasks, then ``start()`` launches the processes.
-    The first tasks are held back until their worker has been placed on its
-    CPU (a worker runs none of the caller's code before its first message:
-    see ``cpu_placement``), and written the moment it has: before the worker
-    has even finished starting up, so it finds them waiting.  That costs the
+    The first tasks are held back until their worker's process exists, and
+    written the moment it does: before the worker has even finished starting
+    up, so it finds them waiting.  That costs the
     main process no wake-ups (and no preemption by workers that would wake up
     only to find a single task), and a worker starts its first batch the
     moment it is ready.
@@ -264,8 +262,6 @@ class WorkerPool:
         if freeze:
             gc.collect(1)
             gc.freeze()
-        placement = WorkerPlacement(
-            children_inherit_affinity=self.context.get_start_method() != "forkserver")
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
                 process = self.context.Process(
@@ -280,11 +276,8 @@ class WorkerPool:
                 _workers_of_this_process.add(process)
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
-                with placement.starting(worker_id):
-                    process.start()
+                process.start()
                 self._pids.append(process.pid)
-                # See NOTE [ Why new workers are moved off the main process's CPU ].
-                placement.start_on_own_cpu(worker_id, process.pid)
                 self._release_held(worker_id)
                 # The worker's ends: EOF then means the worker is gone.
                 pipe_ends.close(task_reader)

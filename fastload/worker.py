@@ -475,10 +475,8 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             elif parent.gone():
                 return False
 
-    # The main process sends this worker's first message only once it has
-    # placed it on a CPU (NOTE [ Why new workers are moved off the main
-    # process's CPU ]); until then its affinity is not yet the one it
-    # inherited, so none of the caller's code (dataset, worker_init_fn) runs.
+    # Nothing of the caller's (dataset, worker_init_fn) runs before the first
+    # message: a main process that stops during start-up never sends one.
     if not wait_for_task():
         return True
     try:

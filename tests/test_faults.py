@@ -659,20 +659,18 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
     # A SIGALRM timeout or a SIGCHLD handler that raises can interrupt the pool
     # anywhere: right after a worker was forked, or while workers are told to
     # stop.  None may be left running (no_leaks checks).
-    from fastload import cpu_placement, pool
+    from fastload import pool
     from fastload.worker import STOP_MESSAGE
 
     if where == "start":
-        real_starting = cpu_placement.WorkerPlacement.starting
+        real_release = pool.WorkerPool._release_held
 
-        @contextlib.contextmanager
-        def interrupted(self, worker_index):
-            with real_starting(self, worker_index):
-                yield
-            if worker_index == 1:  # worker 1 is forked: raised before start() returns
+        def interrupted(self, worker_id):
+            real_release(self, worker_id)
+            if worker_id == 1:  # worker 1 is forked: raised before start() returns
                 raise _RaisedByAHandler()
 
-        monkeypatch.setattr(cpu_placement.WorkerPlacement, "starting", interrupted)
+        monkeypatch.setattr(pool.WorkerPool, "_release_held", interrupted)
     else:
         real_send = pool.send_frame
 
