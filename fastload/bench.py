@@ -539,9 +539,9 @@ def _decode_line(root: str, options: Any) -> str:
                 "JPEG decode)")
     reduced = ", ".join(f"1/{r}: {100 * share:.0f}%" for r, share in shares.items()
                         if r > 1 and share > 0)
+    rest = ", full for the rest" if shares[1] > 0 else ""
     return (f"  decode: fastload reduced-size JPEG decode for {100 * (1 - shares[1]):.0f}% of "
-            f"images ({reduced}), full for the rest; torch full; --decode full compares like "
-            f"for like")
+            f"images ({reduced}){rest}; torch full; --decode full compares like for like")
 
 
 def run(options: Any) -> int:
