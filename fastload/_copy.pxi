@@ -47,9 +47,8 @@ cdef Py_ssize_t _NOGIL_COPY_BYTES = 1 << 16
 # prefetcher cannot foresee (it follows strides, not an index list), and a
 # small row (3-4 KiB) ends before its streaming has paid off.  The copy loops
 # ask for the row _PREFETCH_AHEAD places ahead while copying this one, up to
-# _PREFETCH_BYTES of it; past that, the hardware prefetcher keeps up.  On a
-# 78 MiB dataset this made a 128 x 4 KiB gather 15 % faster and a 256 x 3 KiB
-# one 27 % (bench/bench_kernels.py measures the collate copy).
+# _PREFETCH_BYTES of it; past that, the hardware prefetcher keeps up
+# (bench/bench_kernels.py measures the collate copy).
 cdef enum:
     _PREFETCH_AHEAD = 2
     _PREFETCH_BYTES = 4096

@@ -2,15 +2,11 @@
 #
 # NOTE [ Layouts planned once ]
 # ``collate.plan_collate`` lays a batch out from its first sample: a Python
-# call per node, 12 microseconds for a dict of an array, an int and a str
-# (the `dict` workload's samples), then finds its leaves and their offsets.
-# A loader's batches nearly always share that layout, so
-# ``collate.PlannedLayouts`` keeps the ones it has planned under this key
-# and plans again only for a new key.  Collating a `dict` batch of 128 into
-# a reused buffer went from 80 to 56 microseconds (``timeit``), and in eight
-# alternating pairs of ``bench/epoch_costs.py --workload dict`` runs epochs
-# with new workers were 8.5 % shorter at the median (6 of 8 faster), with
-# persistent ones 3.3 % (5 of 8).
+# call per node, then finds its leaves and their offsets, which costs as
+# much as the copies for small samples.  A loader's batches nearly always
+# share that layout, so ``collate.PlannedLayouts`` keeps the ones it has
+# planned under this key and plans again only for a new key
+# (docs/performance.md).
 # The key must tell apart any two samples that ``plan_collate`` would lay
 # out differently, so it covers only what it can describe exactly: plain
 # dicts (str or int keys), lists and tuples, numpy arrays (exactly

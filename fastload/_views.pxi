@@ -3,10 +3,9 @@
 # says where each array sits in it).
 #
 # numpy's own constructors cost more than the arrays: ``np.asarray(lease)``
-# discovers the lease's ``__array_interface__`` (about 5,000 instructions) and
-# ``np.ndarray(shape, dtype, buffer, offset)`` parses its arguments by keyword
-# (about 2,000 per array).  The layout already knows every shape, dtype and
-# offset, so these make the same arrays directly (a few hundred each).
+# discovers what kind of array-like the lease is, and ``np.ndarray(shape,
+# dtype, buffer, offset)`` parses its arguments by keyword.  The layout already
+# knows every shape, dtype and offset, so these make the same arrays directly.
 
 cimport numpy as cnp
 from cpython.ref cimport Py_INCREF

@@ -265,7 +265,7 @@ def _torch_must_stack(samples: Sequence, path: tuple) -> bool:
         return False  # the fill names the sample that lacks it
     # The kind of tensor, from the first (a later one of another kind fails
     # the copy, which then raises torch.stack's error: see _fill_tensors);
-    # autograd history, from any (0.1 us a sample: this runs per batch).
+    # autograd history, from any (cheap: this runs per batch).
     torch, first = sys.modules.get("torch"), values[0]
     if _is_torch_tensor(first) and (first.is_quantized or first.is_nested or not first.is_cpu
                                     or first.layout is not torch.strided):
@@ -1241,7 +1241,7 @@ def _collate_by_layout(batch: Sequence) -> Any:
 # only fastload's entries, so it is taken while default_collate_fn_map equals
 # the snapshot taken at import, _PRISTINE_FN_MAP.  That comparison is the whole
 # cost of the extension point on the fast path: a dict compare of a handful of
-# entries whose values are the same objects (~0.2 us a batch).  Once the map is
+# entries whose values are the same objects.  Once the map is
 # changed (a type added, an entry replaced), default_collate, and the
 # DataLoader's default collation (see BatchSource), is torch's recursion over
 # it; restoring the entries brings the fast path back.

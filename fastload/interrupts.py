@@ -114,7 +114,7 @@ def signals_deferred() -> Iterator[list]:
     short wherever it landed, and a second one could stop it between killing
     a busy worker and unlinking the ring: a surviving worker then made a
     slot's segment after the names were unlinked, left in /dev/shm after the
-    process (a helper's fuzzing, 7 of 30 trials with a 2 ms timer raising).
+    process (fuzzing with a fast timer whose handler raises found it).
     Swapping a handler is one system call, made only for the signals that
     have a Python handler (usually SIGINT alone).
     The thread waits until the main thread is out of every finalizer (and
@@ -252,7 +252,7 @@ def _restore(handlers: dict) -> None:
     """
     if not handlers:
         return
-    # _signal's functions: signal's make enums of their answers (60 us for a mask).
+    # _signal's functions: signal's wrap every answer in enums, costly for a mask.
     mask = _signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE)
     left = list(handlers.items())
     raised = None

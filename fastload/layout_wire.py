@@ -18,11 +18,7 @@ of str, pickled with every batch: an opcode and a memo entry per string, on
 both sides.  A list (or tuple) of plain strings without NUL characters
 travels instead as one str, the strings joined by NULs, which the main
 process splits back (``_core.join_strings`` checks what makes that exact).
-For the `dict` workload's 128 names a batch that cut the main process's
-decoding from 4.7 to 4.0 microseconds (CPU time per batch), and the worker's
-pickling too: paired alternating runs of the `epoch_costs.py` loop, 40
-epochs a run, made `dict` epochs 1.8 % shorter at the median with persistent
-workers (12 pairs, 12 faster) and 1.6 % with new ones (12 pairs, 10 faster).
+That spares both sides the per-string pickling work on every batch.
 
 NOTE [ Pickled as torch's workers pickle ]
 The values, and a layout (a mapping's clone, its keys), hold the caller's

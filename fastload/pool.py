@@ -255,9 +255,7 @@ class WorkerPool:
         # oldest generation, where a reference cycle that became garbage since
         # the last young collection (one holding a batch, and so its slot)
         # would wait for a full collection, which CPython seldom runs: the
-        # young generations are collected first (20-50 microseconds an epoch;
-        # about 1.2 ms at a process's first fork, when they hold much of what
-        # its imports made).
+        # young generations are collected first.
         freeze = self.context.get_start_method() == "fork" and gc.get_freeze_count() == 0
         if freeze:
             gc.collect(1)

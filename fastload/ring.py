@@ -29,10 +29,8 @@ back, so memory follows what is held.
 
 NOTE [ Slots that outlive an epoch ]
 Without persistent workers every epoch starts new workers, and a ring of its
-own would have them create, fill and unlink a fresh set of segments: in a
-short epoch (``dict`` in bench/bench_loader.py, 157 batches) its six
-creations cost the workers 1.2-1.5 ms of CPU and the main process 0.2-0.3 ms
-to map them, 4-5 % of the epoch's CPU, and the first one delays the first
+own would have them create, fill and unlink a fresh set of segments, a
+visible share of a short epoch's CPU, and the first one delays the first
 batch.  A forked worker inherits the main process's mappings, so under fork
 an epoch's ring leaves its slots to the next one's (``Ring.hand_over``, into
 the loader's ``SpareSlots``): the free ones at once, one the caller still
@@ -303,8 +301,8 @@ def unlink_prefixed(prefix: str) -> None:
 
     Workers call it when the main process was killed, so no segment outlives
     the loader even then.  (Python's resource tracker could do the same job,
-    but it is a process of its own, started on first use: its 20 ms of start-up
-    CPU would land on the first batch of every program.)
+    but it is a process of its own, started on first use: its start-up would
+    land on the first batch of every program.)
     """
     try:
         names = os.listdir(SHM_DIR)

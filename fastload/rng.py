@@ -110,8 +110,8 @@ class _TransformStream(threading.local):
 
     rng: np.random.Generator | None = None
     # (base_seed, batch_no) of the current batch, turned into a generator only
-    # when a transform first asks: building one costs ~10 us, too much for
-    # batches whose pipeline draws nothing.
+    # when a transform first asks: building one costs more than a batch
+    # whose pipeline draws nothing should pay.
     seed: tuple[int, int] | None = None
 
 

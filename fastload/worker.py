@@ -149,10 +149,9 @@ def _rebuild_wrapper(exc_type: type, where: str, text: str) -> ExceptionWrapper:
 # such block freed, so a process that keeps making multi-MiB temporaries
 # soon serves them from its heap without touching the kernel.  A worker never
 # learns this: its biggest buffers, the batches, are ring slots, not malloc.
-# So every decoded image (0.7 MiB for 500x375 RGB) was mapped, faulted in
-# page by page and unmapped again: 50-70 page faults per image, which a
-# single process running the same pipeline does not pay (its batch buffers
-# raise the threshold); setting it made an image loader 3-6 % faster.
+# So every decoded image was mapped, faulted in page by page and unmapped
+# again, which a single process running the same pipeline does not pay (its
+# batch buffers raise the threshold).
 # Workers set the thresholds glibc would have reached by itself.
 _MMAP_THRESHOLD = 32 << 20   # glibc's own ceiling for its moving threshold (64-bit)
 _TRIM_THRESHOLD = 64 << 20   # twice that, as glibc sets it when it moves the threshold
@@ -162,8 +161,7 @@ _M_MMAP_THRESHOLD = -3
 
 def _find_mallopt() -> Any:
     """glibc's ``mallopt``, or None (another libc).  Looked up at import, in the
-    main process: a forked worker then calls it without loading anything
-    (the lookup cost each new worker about 0.2 ms)."""
+    main process: a forked worker then calls it without loading anything."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
     try:

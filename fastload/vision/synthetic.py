@@ -3,9 +3,9 @@
 Flat noise is a poor stand-in for photos: it compresses badly and decodes at a
 different speed.  These images have what photos have in JPEG terms: smooth
 gradients (the sky), a few hard-edged shapes (objects), low-frequency
-blotches (lighting) and fine grain (sensor noise, texture).  A 500x375 image
-at quality 90 is ~65 KB and decodes in ~0.7 ms; ImageNet's photos of that size
-average ~110 KB, so real files decode somewhat slower than these.
+blotches (lighting) and fine grain (sensor noise, texture).  They compress
+somewhat better than ImageNet's photos of the same size, so real files decode
+somewhat slower than these.
 """
 
 from __future__ import annotations
