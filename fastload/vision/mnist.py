@@ -143,12 +143,14 @@ class MNIST(InMemoryImages):
         return not self._missing_files()
 
     def download(self) -> None:
-        """Fetch and unpack each of ``resources`` not yet in ``raw_folder``, from the first
+        """Fetch and unpack each of ``resources`` not yet unpacked in ``raw_folder`` (an
+        archive already there with the right MD5 is only unpacked), from the first
         of ``mirrors`` that delivers it with the right MD5."""
-        if self._check_exists():
+        names = self._raw_names()
+        if all(os.path.isfile(os.path.join(self.raw_folder, name)) for name in names):
             return
         os.makedirs(self.raw_folder, exist_ok=True)
-        for (filename, md5), name in zip(self.resources, self._raw_names()):
+        for (filename, md5), name in zip(self.resources, names):
             if os.path.isfile(os.path.join(self.raw_folder, name)):
                 continue
             archive = os.path.join(self.raw_folder, filename)
@@ -166,7 +168,7 @@ class MNIST(InMemoryImages):
                 return
             except DownloadError as error:
                 print(f"Failed to download (trying next):\n{error}\n")
-                failures.append(f"{url}: {error}")
+                failures.append(str(error))
         raise RuntimeError(f"Error downloading {filename} to {self.raw_folder}: every mirror "
                            f"failed:\n" + "\n".join(failures))
 
