@@ -496,3 +496,21 @@ def test_torch_dataloader_runs_over_fastload_datasets(torch, tmp_path):
     ours, our_targets = next(iter(fl.DataLoader(ds, batch_size=8)))
     assert images.numpy().tobytes() == ours.tobytes()
     assert targets.tolist() == our_targets.tolist()
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "array"])
+def test_whole_batches_follow_a_changed_normalize(tmp_path, kind):
+    write_mnist(tmp_path)
+    wrap = {"tuple": tuple, "list": list, "array": lambda v: np.array(v, np.float64)}[kind]
+    norm = T.Normalize(wrap([0.5]), wrap([0.25]))
+    ds = MNIST(tmp_path, transform=T.Compose([T.ToArray(), norm]))
+    slow = PerSampleMNIST(tmp_path, transform=ds.transform)
+    first = _batches(fl.DataLoader(ds, batch_size=16))
+    _assert_same_batches(first, _batches(fl.DataLoader(slow, batch_size=16)))
+    if kind == "tuple":
+        norm.mean = (0.125,)
+    else:
+        norm.mean[0] = 0.125  # in place
+    second = _batches(fl.DataLoader(ds, batch_size=16))
+    _assert_same_batches(second, _batches(fl.DataLoader(slow, batch_size=16)))
+    assert first[0][0].tobytes() != second[0][0].tobytes()

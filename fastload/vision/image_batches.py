@@ -72,18 +72,59 @@ def pixel_table(transform: Any, channels: int) -> tuple[np.dtype, np.ndarray | N
     if not all(isinstance(step, Normalize) and type(step).__call__ is Normalize.__call__
                for step in rest):
         return None
+    key = _table_key(rest, channels)
+    table = _TABLES.get(key) if key is not None else None
+    if table is None:
+        table = _normalize_table(rest, channels)
+        if table is not None and key is not None:
+            if len(_TABLES) >= _KEPT_TABLES:
+                _TABLES.clear()
+            _TABLES[key] = table
+    return None if table is None else (np.dtype(np.float32), table)
+
+
+# Tables already computed, by (channels, each Normalize's mean and std): a batch
+# then costs a dict lookup, not a Normalize call.  Only plain numbers are keys
+# (an array or a tensor could change in place; those are computed each batch).
+_TABLES: dict[tuple, np.ndarray] = {}
+_KEPT_TABLES = 64
+
+
+def _number_key(value: Any) -> Any:
+    if type(value) in (int, float):
+        return value
+    if type(value) in (tuple, list) and all(type(v) in (int, float) for v in value):
+        return tuple(value)
+    return None
+
+
+def _table_key(normalizes: list[Any], channels: int) -> tuple | None:
+    key: list[Any] = [channels]
+    for step in normalizes:
+        mean, std = _number_key(step.mean), _number_key(step.std)
+        if mean is None or std is None:
+            return None
+        key.append((mean, std))
+    return tuple(key)
+
+
+def _normalize_table(normalizes: list[Any], channels: int) -> np.ndarray | None:
+    """Each byte of each channel through the ``Normalize`` steps: ``(channels, 256)``
+    float32, read-only; None when the steps refuse such an image."""
     values: Any = np.broadcast_to(np.arange(256, dtype=np.uint8), (channels, 1, 256)).copy()
     try:
-        for step in rest:
+        for step in normalizes:
             values = step(values)
-    except Exception:
+    except (TypeError, ValueError, RuntimeError):
         # The sample-by-sample path meets the same error, and reports it with
         # its sample: leave it to that path.
         return None
     if not isinstance(values, np.ndarray) or values.dtype != np.float32 \
             or values.shape != (channels, 1, 256):
         return None
-    return np.dtype(np.float32), np.ascontiguousarray(values.reshape(channels, 256))
+    table = np.ascontiguousarray(values.reshape(channels, 256))
+    table.flags.writeable = False
+    return table
 
 
 def _target_column(targets: Any, rows: np.ndarray, as_int: bool) -> tuple[np.dtype, Any] | None:
