@@ -514,3 +514,40 @@ def test_whole_batches_follow_a_changed_normalize(tmp_path, kind):
     second = _batches(fl.DataLoader(ds, batch_size=16))
     _assert_same_batches(second, _batches(fl.DataLoader(slow, batch_size=16)))
     assert first[0][0].tobytes() != second[0][0].tobytes()
+
+
+@pytest.mark.timeout(180)
+def test_whole_batches_under_spawn(tmp_path, cifar10_root):
+    # The dataset travels pickled to spawned workers and is still gathered whole there.
+    root, _ = cifar10_root
+    ds = CIFAR10(root, transform=T.Compose([T.ToArray(), CIFAR_NORM]))
+    slow = PerSampleCIFAR10(root, transform=ds.transform)
+    ours = _batches(fl.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="spawn"))
+    _assert_same_batches(ours, _batches(fl.DataLoader(slow, batch_size=8)))
+
+
+def test_gather_image_rows_kernel_against_numpy():
+    from fastload import _core
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 256, (9, 4, 5, 3), dtype=np.uint8)
+    gray = rng.integers(0, 256, (9, 4, 5), dtype=np.uint8)
+    rows = np.array([3, -1, 0, 3], np.int64)  # negatives wrap, as numpy indexing does
+    out = np.empty((4, 3, 4, 5), np.uint8)
+    _core.gather_image_rows(rgb, rows, out)
+    np.testing.assert_array_equal(out, rgb[rows].transpose(0, 3, 1, 2))
+    table = rng.random((3, 256)).astype(np.float32)
+    floats = np.empty((4, 3, 4, 5), np.float32)
+    _core.gather_image_rows(rgb, rows, floats, table)
+    expected = np.stack([table[c][rgb[rows][..., c]] for c in range(3)], axis=1)
+    np.testing.assert_array_equal(floats, expected)
+    out = np.empty((4, 1, 4, 5), np.uint8)
+    _core.gather_image_rows(gray, rows, out)
+    np.testing.assert_array_equal(out[:, 0], gray[rows])
+    with pytest.raises(IndexError, match="index 9 is out of range"):
+        _core.gather_image_rows(gray, np.array([1, 9], np.int64), np.empty((2, 1, 4, 5), np.uint8))
+    with pytest.raises(ValueError, match="out must be"):
+        _core.gather_image_rows(gray, rows, np.empty((4, 4, 5), np.uint8))
+    with pytest.raises(ValueError, match="table must be"):
+        _core.gather_image_rows(rgb, rows, floats, table[:2])
+    with pytest.raises(ValueError, match="source must be"):
+        _core.gather_image_rows(rgb[:, ::2], rows, floats, table)

@@ -305,3 +305,17 @@ def test_truncated_archives_are_errors_naming_them(tmp_path):
     with pytest.raises(RuntimeError, match="not a complete gzip file") as error:
         extract_archive(gz)
     assert str(gz) in str(error.value) and not (tmp_path / "x").exists()
+
+
+@pytest.mark.timeout(60)
+def test_mnist_mirror_of_plain_files(tmp_path, server, monkeypatch):
+    # A local mirror may hold the unpacked files: they are fetched as they are.
+    arrays = mnist_arrays()
+    for name, array in arrays.items():
+        server.files[f"/plain/{name}"] = idx_bytes(array)
+    monkeypatch.setattr(MNIST, "mirrors", [server.url("plain")])
+    monkeypatch.setattr(MNIST, "resources", [(name, md5_of(idx_bytes(array)))
+                                             for name, array in arrays.items()])
+    ds = MNIST(tmp_path, train=False, download=True)
+    np.testing.assert_array_equal(ds.data, arrays["t10k-images-idx3-ubyte"])
+    assert sorted(os.listdir(tmp_path / "MNIST" / "raw")) == sorted(MNIST_NAMES)
