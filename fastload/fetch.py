@@ -48,21 +48,27 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     fast path does not apply (another dataset, non-integer subset indices, or
     arrays default_collate would refuse).
     """
-    found = _under_subsets(dataset)
-    if found is None:
-        return None
-    dataset, row_map = found
-    if type(dataset) is not ArrayDataset:
-        return None
-    if any(is_string_or_object_dtype(a.dtype) for a in dataset.arrays):
-        return None
-    return dataset.arrays, row_map
+    return _array_columns(_under_subsets(dataset))
 
 
 def whole_batch_rows(dataset: Any) -> tuple[Any, np.ndarray | None] | None:
     """``(base, row_map)`` when ``dataset`` (or the dataset under its Subsets) makes
     whole batches itself (``_fastload_batch``), as ``array_rows`` for ArrayDataset."""
-    found = _under_subsets(dataset)
+    return _self_gathering(_under_subsets(dataset))
+
+
+def _array_columns(found: tuple[Any, np.ndarray | None] | None
+                   ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
+    if found is None or type(found[0]) is not ArrayDataset:
+        return None
+    dataset, row_map = found
+    if any(is_string_or_object_dtype(a.dtype) for a in dataset.arrays):
+        return None
+    return dataset.arrays, row_map
+
+
+def _self_gathering(found: tuple[Any, np.ndarray | None] | None
+                    ) -> tuple[Any, np.ndarray | None] | None:
     if found is None or not callable(getattr(found[0], "_fastload_batch", None)):
         return None
     return found
@@ -103,10 +109,11 @@ class BatchSource:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.default_collate = collate_fn is default_collate
-        self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
+        # A Subset's indices are read once, here, for both gathers.
+        found = _under_subsets(dataset) if auto_collation and self.default_collate \
             and not iterable else None
-        self._whole = whole_batch_rows(dataset) if auto_collation and self.default_collate \
-            and not iterable and self._arrays is None else None
+        self._arrays = _array_columns(found)
+        self._whole = _self_gathering(found) if self._arrays is None else None
         self._array_layouts: dict[Any, BatchLayout] = {}
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
