@@ -551,3 +551,15 @@ def test_gather_image_rows_kernel_against_numpy():
         _core.gather_image_rows(rgb, rows, floats, table[:2])
     with pytest.raises(ValueError, match="source must be"):
         _core.gather_image_rows(rgb[:, ::2], rows, floats, table)
+
+
+@pytest.mark.parametrize("dtype", ["<i4", ">i8", "u1", "<i8"])
+def test_array_targets_collate_as_per_sample(cifar10_root, dtype):
+    root, _ = cifar10_root
+    fast = CIFAR10(root, transform=T.ToArray())
+    slow = PerSampleCIFAR10(root, transform=T.ToArray())
+    fast.targets = slow.targets = np.array(fast.targets, dtype=dtype)
+    ours, = _batches(fl.DataLoader(fast, batch_size=30))
+    theirs, = _batches(fl.DataLoader(slow, batch_size=30))
+    assert ours[1].dtype == theirs[1].dtype and ours[1].tolist() == theirs[1].tolist()
+    assert ours[0].tobytes() == theirs[0].tobytes()

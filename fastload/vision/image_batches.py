@@ -131,7 +131,8 @@ def _target_column(targets: Any, rows: np.ndarray, as_int: bool) -> tuple[np.dty
     """``(dtype, values)`` of a batch's targets as default_collate would make them from
     the per-sample targets (``int(t)`` when ``as_int``, else ``t`` as stored), or None."""
     if isinstance(targets, np.ndarray):
-        if targets.ndim != 1 or targets.dtype.kind not in "iu" \
+        # (A scalar of a byte-swapped array is native: its column would not be.)
+        if targets.ndim != 1 or targets.dtype.kind not in "iu" or not targets.dtype.isnative \
                 or (targets.dtype.kind == "u" and targets.itemsize >= 8):
             return None
         return (np.dtype(np.int64) if as_int else targets.dtype), targets[rows]
