@@ -87,6 +87,14 @@ def gather_rows(
 ) -> npt.NDArray[Any]:
     """``out[i] = source[rows[i]]``; IndexError naming a row out of range."""
 
+# _image_rows.pxi
+def gather_image_rows(
+    source: npt.NDArray[np.uint8], rows: npt.NDArray[np.int64], out: npt.NDArray[Any],
+    table: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[Any]:
+    """``out[i] = ToArray()(source[rows[i]])`` (channels first), mapped through the
+    per-channel ``(C, 256)`` float32 ``table`` when given; IndexError naming a row."""
+
 # _resample.pxi
 RESAMPLE_FILTERS: frozenset[int]
 

@@ -16,6 +16,8 @@ extension module so the kernels share a single import:
   main process hands out.
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
   signal handler: CPython's run only between bytecodes).
+* ``_image_rows.pxi``: whole batches of in-memory images (MNIST, CIFAR) as
+  ``ToArray()`` and ``Normalize`` would make them.
 """
 
 include "_random.pxi"
@@ -25,3 +27,4 @@ include "_text.pxi"
 include "_plan_key.pxi"
 include "_views.pxi"
 include "_termination.pxi"
+include "_image_rows.pxi"

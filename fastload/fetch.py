@@ -8,6 +8,11 @@ to make a batch:
   with the default collate is gathered column by column with one
   ``_core.gather_rows`` call per array, straight into the destination buffer,
   with no per-sample Python at all;
+* a dataset that writes whole batches itself (MNIST's and CIFAR's ``data``
+  through ``ToArray``/``Normalize``): ``dataset._fastload_batch(rows)``, on it
+  or on ``Subset``s of it, returns a ``WholeBatch`` (the columns' dtypes and
+  shapes, and a ``fill`` that writes them into the destination buffer) or
+  None, when this batch must be made sample by sample;
 * the default collate: samples are fetched (``__getitems__`` when the dataset
   has it) and the ``_core`` kernels copy them into the buffer;
 * any other ``collate_fn``: its output is packed into the buffer as it is.
@@ -32,7 +37,7 @@ from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNo
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload.rng import seed_transform_rng
 
-__all__ = ["BatchSource", "array_rows"]
+__all__ = ["BatchSource", "array_rows", "whole_batch_rows"]
 
 
 def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
@@ -43,6 +48,35 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
     fast path does not apply (another dataset, non-integer subset indices, or
     arrays default_collate would refuse).
     """
+    return _array_columns(_under_subsets(dataset))
+
+
+def whole_batch_rows(dataset: Any) -> tuple[Any, np.ndarray | None] | None:
+    """``(base, row_map)`` when ``dataset`` (or the dataset under its Subsets) makes
+    whole batches itself (``_fastload_batch``), as ``array_rows`` for ArrayDataset."""
+    return _self_gathering(_under_subsets(dataset))
+
+
+def _array_columns(found: tuple[Any, np.ndarray | None] | None
+                   ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
+    if found is None or type(found[0]) is not ArrayDataset:
+        return None
+    dataset, row_map = found
+    if any(is_string_or_object_dtype(a.dtype) for a in dataset.arrays):
+        return None
+    return dataset.arrays, row_map
+
+
+def _self_gathering(found: tuple[Any, np.ndarray | None] | None
+                    ) -> tuple[Any, np.ndarray | None] | None:
+    if found is None or not callable(getattr(found[0], "_fastload_batch", None)):
+        return None
+    return found
+
+
+def _under_subsets(dataset: Any) -> tuple[Any, np.ndarray | None] | None:
+    """``(dataset under the plain Subsets, composed row map)``, or None when a
+    Subset's indices are not integers or point past the Subset under it."""
     row_map = None
     while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__ \
             and type(dataset).__getitems__ is Subset.__getitems__:
@@ -56,11 +90,7 @@ def array_rows(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]
             # in a batch that uses it, sample by sample.
             return None
         dataset = dataset.dataset
-    if type(dataset) is not ArrayDataset:
-        return None
-    if any(is_string_or_object_dtype(a.dtype) for a in dataset.arrays):
-        return None
-    return dataset.arrays, (None if row_map is None else np.ascontiguousarray(row_map, np.int64))
+    return dataset, (None if row_map is None else np.ascontiguousarray(row_map, np.int64))
 
 
 # Batch sizes whose ArrayDataset layout a BatchSource keeps (usually two: full and last).
@@ -79,9 +109,12 @@ class BatchSource:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.default_collate = collate_fn is default_collate
-        self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
+        # A Subset's indices are read once, here, for both gathers.
+        found = _under_subsets(dataset) if auto_collation and self.default_collate \
             and not iterable else None
-        self._array_layouts: dict[int, BatchLayout] = {}
+        self._arrays = _array_columns(found)
+        self._whole = _self_gathering(found) if self._arrays is None else None
+        self._array_layouts: dict[Any, BatchLayout] = {}
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
@@ -153,13 +186,39 @@ class BatchSource:
         they are not all integers (a float, a string, a bool): then the batch
         is made sample by sample, so the dataset's own indexing answers, as
         torch's ``TensorDataset`` does, instead of a cast truncating 1.7 to 1."""
-        if self._arrays is None or not fn_map_is_pristine():
+        if (self._arrays is None and self._whole is None) or not fn_map_is_pristine():
             return None
         if kernel_batch:  # our BatchSampler's int64 array
             return indices
         rows = int64_indices(indices)
         # An empty batch goes to default_collate, which refuses it.
         return None if rows is None or rows.size == 0 else rows
+
+    def _gather(self, rows: np.ndarray, allocate: Callable[[int], np.ndarray]
+                ) -> tuple[BatchLayout, np.ndarray] | None:
+        """The batch of ``rows`` gathered without fetching samples, or None when
+        the dataset says this one must be made sample by sample."""
+        if self._arrays is not None:
+            return self._gather_arrays(rows, allocate)
+        dataset, row_map = self._whole
+        rows = rows.astype(np.int64, copy=False)
+        if row_map is not None:
+            rows = row_map[rows]
+        batch = dataset._fastload_batch(np.ascontiguousarray(rows))
+        if batch is None:
+            return None
+        key = batch.columns
+        layout = self._array_layouts.get(key)
+        if layout is None:  # kept as _gather_arrays keeps its layouts
+            if len(self._array_layouts) >= _KEPT_ARRAY_LAYOUTS:
+                self._array_layouts.clear()
+            layout = BatchLayout(SequenceNode(None, [ArraySlot(dtype, shape)
+                                                     for dtype, shape in batch.columns]))
+            layout.assign_offsets()
+            self._array_layouts[key] = layout
+        buffer = allocate(layout.nbytes)
+        batch.fill([slot.view(buffer) for slot in layout.root.children])
+        return layout, buffer
 
     def _gather_arrays(self, rows: np.ndarray, allocate: Callable[[int], np.ndarray]
                        ) -> tuple[BatchLayout, np.ndarray]:
@@ -191,8 +250,9 @@ class BatchSource:
         """One batch as the caller sees it (single-process loading); see ``_fetch``."""
         seed_transform_rng(self._base_seed, batch_no)
         rows = self._integer_rows(indices, kernel_batch)
-        if rows is not None:
-            layout, buffer = self._gather_arrays(rows, private_buffer)
+        gathered = None if rows is None else self._gather(rows, private_buffer)
+        if gathered is not None:
+            layout, buffer = gathered
         elif self.default_collate and fn_map_is_pristine():
             layout, buffer = collate_into(self._fetch(indices, kernel_batch), planned=self._planned)
         else:
@@ -209,8 +269,9 @@ class BatchSource:
         """One batch written into ``allocate``'s buffer; returns its layout (workers)."""
         seed_transform_rng(self._base_seed, batch_no)
         rows = self._integer_rows(indices, kernel_batch)
-        if rows is not None:
-            return self._gather_arrays(rows, allocate)[0]
+        gathered = None if rows is None else self._gather(rows, allocate)
+        if gathered is not None:
+            return gathered[0]
         data = self._fetch(indices, kernel_batch)
         if self.default_collate and fn_map_is_pristine():
             return collate_into(data, allocate, self._planned)[0]
