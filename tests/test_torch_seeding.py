@@ -134,6 +134,28 @@ def test_an_iterator_made_and_never_read_draws_as_torchs(torch):
     assert draw == expected
 
 
+class Stream(fl.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_the_next_torch_draw_after_an_iterable_dataset_is_torchs(torch, workers):
+    import torch.utils.data as td
+
+    class TorchStream(td.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    draws = []
+    for m, dataset in ((td, TorchStream()), (fl, Stream())):
+        torch.manual_seed(2)
+        loader = m.DataLoader(dataset, batch_size=3, **WORKERS[workers])
+        two_epochs(loader)
+        draws.append(torch.rand(1).item())
+    assert draws[0] == draws[1]
+
+
 @pytest.mark.parametrize("fractions", [False, True])
 def test_random_split_draws_and_splits_as_torchs(torch, fractions):
     lengths = [0.3, 0.5, 0.2] if fractions else [7, 10, 6]
@@ -264,16 +286,20 @@ RESUMED = {"shuffle": lambda m: dict(shuffle=True, batch_size=3),
            "random sampler": SETUPS["random"]}
 
 
+@pytest.mark.parametrize("epoch", [0, 1])
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("setup", RESUMED)
 def test_a_mid_epoch_state_with_the_global_rng_state_continues_as_uninterrupted(
-        torch, setup, workers):
-    # The usual checkpoint: the loader's state and torch's RNG state, taken together.
+        torch, setup, workers, epoch):
+    # The usual checkpoint: the loader's state and torch's RNG state, taken together;
+    # in the second epoch, a persistent iterator's base seed was not torch's draw.
     def make():
         return fl.DataLoader(data(), **RESUMED[setup](fl), **WORKERS[workers])
 
     torch.manual_seed(9)
     loader = make()
+    for _ in range(epoch):
+        one_epoch(loader)
     iterator = iter(loader)
     head = [as_lists(next(iterator)) for _ in range(2)]
     state = pickle.loads(pickle.dumps(loader.state_dict()))
