@@ -132,9 +132,9 @@ class SeedSource:
 
     ``None`` draws from torch's default generator when torch is imported
     (NOTE [ torch's global seed ]), else from fresh OS entropy drawn once, at
-    construction; an ``int`` seeds a PCG64 stream; a ``numpy.random.Generator`` is used as given (so its state
-    advances, as a torch.Generator's does); a ``torch.Generator`` is drawn from
-    with torch's own RNG.
+    construction; an ``int`` seeds a PCG64 stream; a ``numpy.random.Generator``
+    is used as given (so its state advances, as a torch.Generator's does); a
+    ``torch.Generator`` is drawn from with torch's own RNG.
 
     ``given`` is the ``generator`` argument as the caller passed it (to the
     source this one shares its stream with, if it was built from one).
