@@ -426,7 +426,8 @@ class _BaseIter:
     def epoch_finished(self, finished: bool) -> None:
         self.progress.finished = finished
 
-    def _begin_epoch(self, resume: dict | None, lazy: bool = False) -> int:
+    def _begin_epoch(self, resume: dict | None, lazy: bool = False,
+                     same_workers: bool = False) -> int:
         """Restore (on resume) and snapshot the seed streams, draw the epoch's base seed.
 
         ``lazy``: our BatchSampler draws the epoch at the first batch, as
@@ -445,7 +446,10 @@ class _BaseIter:
             skip, skip_after = int(resume["batches_yielded"]), resume["yielded_after"]
         self.progress = EpochProgress([s.get_state() for s in sources],
                                       getattr(self._epoch_sampler, "epoch", None), skip, skip_after)
-        base_seed = self._seed_source.draw()
+        # torch draws a base seed as each iterator is made; a persistent
+        # iterator's later epochs (``same_workers``) keep theirs, drawing
+        # nothing: NOTE [ torch's global seed ] in rng.py.
+        base_seed = self._seed_source.draw_quiet() if same_workers else self._seed_source.draw()
         self._source.start_epoch(base_seed)
         if lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
             # BatchSampler.__iter__ is a generator, as torch's: nothing of it
@@ -765,7 +769,7 @@ class _MultiProcessIter(_BaseIter):
         self._len_called = loader._IterableDataset_len_called
         with self._worker_death_raises():
             self._drain()
-            base_seed = self._begin_epoch(resume)
+            base_seed = self._begin_epoch(resume, same_workers=True)
             self._start_dispatch(base_seed)
 
     def _drain(self) -> None:

@@ -10,6 +10,8 @@ fastload differs it is for memory or speed, never for results:
 * ``random_split`` draws its permutation from the ``_core`` kernel, seeded
   from ``generator`` through ``SeedSource``; the same seed gives the same
   split everywhere (but not the split torch would give for that seed).
+  With ``generator=None`` and torch imported it is torch's own split, from
+  torch's default generator.
 """
 
 from __future__ import annotations
@@ -436,11 +438,16 @@ def random_split(dataset: Dataset[_T], lengths: Sequence[int | float],
         lengths: split sizes summing to ``len(dataset)``, or fractions summing
             to 1 (each split gets ``floor(fraction * len)``, and the remainder
             is given out one at a time starting with the first split).
-        generator: ``None`` (fresh entropy), an int seed, a
-            ``numpy.random.Generator`` or a ``torch.Generator``.
+        generator: ``None`` (torch's default generator if torch is imported,
+            else fresh entropy), an int seed, a ``numpy.random.Generator`` or a
+            ``torch.Generator``.
     """
     counts = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
-    order = _core.permutation(sum(counts), SeedSource(generator).draw()).tolist()
+    source = SeedSource(generator)
+    # With None and torch imported, torch's own randperm on its default generator
+    # (NOTE [ torch's global seed ] in rng.py): the split torch would make.
+    order = source.run_on_torch_default(lambda torch, g: torch.randperm(sum(counts), generator=g))
+    order = (_core.permutation(sum(counts), source.draw()) if order is None else order).tolist()
     bounds = list(itertools.accumulate(counts))
     # Lists, as torch gives: callers join, compare and save them as lists.
     return [Subset(dataset, order[end - n:end]) for end, n in zip(bounds, counts)]

@@ -13,6 +13,7 @@ which drop the iterator -- still says where the epoch stopped.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import numbers
 import sys
@@ -179,7 +180,9 @@ def make_state(rng_states: list, progress: EpochProgress | None, loader: Any) ->
     """A state: mid-epoch from ``progress``, else at the start of the next epoch."""
     started = progress is not None and not progress.finished
     return {"version": STATE_VERSION,
-            "rng_states": progress.rng_states if started else rng_states,
+            # A copy: a stream following torch's default generator keeps a live
+            # record of its draws (NOTE [ torch's global seed ] in rng.py).
+            "rng_states": copy.deepcopy(progress.rng_states if started else rng_states),
             "batches_yielded": progress.handed if started else 0,
             "yielded_after": sorted(progress.after) if started else [],
             # Between epochs the caller sets the next epoch itself (set_epoch).

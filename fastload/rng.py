@@ -8,6 +8,8 @@ Two streams, kept apart on purpose:
   and hands it to a ``_core`` kernel, so index streams depend only on that seed
   and are identical on every platform.  The stream's state can be captured and
   restored, which is how ``DataLoader.load_state_dict`` replays an epoch.
+  With ``None`` and torch imported, the seeds come from torch's default
+  generator (NOTE [ torch's global seed ]).
 
 * ``transform_rng()`` is the generator random transforms draw from.  The
   loader reseeds it before every batch from ``(base_seed, batch_no)``, so a
@@ -19,8 +21,11 @@ Two streams, kept apart on purpose:
 from __future__ import annotations
 
 import os
+import sys
 import threading
-from typing import Any
+import weakref
+from collections import deque
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,32 +39,124 @@ def _is_torch_generator(obj: Any) -> bool:
     return cls.__name__ == "Generator" and cls.__module__.startswith("torch")
 
 
+# NOTE [ torch's global seed ]
+# Training scripts make runs repeatable with ``torch.manual_seed(s)``: torch's
+# samplers, random_split and loader, given no generator, draw from torch's default
+# generator.  So does a fastload source built from ``None`` while torch is imported
+# (never importing it: without torch, OS entropy), making the draws torch makes, at
+# the moments torch makes them, so the script's later torch draws (weight init,
+# dropout) are what they would be under torch's loader:
+# * ``draw()``: one ``torch.empty((), dtype=torch.int64).random_()``, as torch's
+#   RandomSampler at its first ``next()`` and its loader's base seed per iterator;
+# * ``run_on_torch_default(op)``: torch's own op on the default generator
+#   (``randperm``, ``multinomial``), whose result is then the order itself;
+# * ``draw_quiet()``: a seed where torch draws nothing (a persistent iterator's
+#   later epochs keep their base seed in torch), derived from the last draw.
+# A state of such a source is the values its draws gave since the epoch began
+# (a ``_DrawLog``); restoring it replays them, without touching the global
+# generator, then draws from that generator again.  A script that restores
+# ``torch.set_rng_state`` alongside the loader's state therefore continues as
+# an uninterrupted run would.
+
+
+class _DrawLog:
+    """The values a torch-default stream gave since a state was taken: a live
+    record until the state is copied or pickled, which makes it a tuple."""
+
+    __slots__ = ("values", "skip", "__weakref__")
+
+    def __init__(self, pending: Any) -> None:
+        self.values = list(pending)  # replays still to come are part of the state
+        self.skip = len(self.values)
+
+    def __reduce__(self) -> tuple:
+        return (tuple, (tuple(self.values),))
+
+
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+        and 0 <= value < 1 << _SEED_BITS
+
+
+class _TorchDefaultDraws:
+    """What a ``None`` source knows of its draws from torch's default generator
+    (shared by the sources sharing its stream)."""
+
+    __slots__ = ("pending", "logs", "last", "pinned")
+
+    def __init__(self) -> None:
+        self.pending: deque = deque()  # values a restored state replays, in order
+        self.logs: weakref.WeakSet = weakref.WeakSet()  # live states, recording each draw
+        self.last: int | None = None  # the last seed drawn, which draw_quiet derives from
+        self.pinned = False  # restored from a state taken without torch: OS entropy
+
+    def __getstate__(self) -> tuple:
+        # The live records stay behind: they are this process's states.
+        return (list(self.pending), self.last, self.pinned)
+
+    def __setstate__(self, state: tuple) -> None:
+        pending, self.last, self.pinned = state
+        self.pending = deque(pending)
+        self.logs = weakref.WeakSet()
+
+    def record(self, value: Any, replayed: bool) -> None:
+        for log in list(self.logs):
+            if replayed and log.skip:
+                log.skip -= 1  # it holds this value already
+            else:
+                log.values.append(value)
+
+    def replayed(self, want: type) -> Any:
+        value = self.pending.popleft()
+        if not isinstance(value, want):
+            raise ValueError(f"a restored DataLoader state_dict does not fit this loader: its "
+                             f"seed stream replays {type(value).__name__} where this loader "
+                             f"draws {want.__name__}; build the loader with the same samplers")
+        self.record(value, replayed=True)
+        return value
+
+
+def _torch_default_draws(source: "SeedSource") -> tuple[Any, _TorchDefaultDraws] | None:
+    """``(torch, draws)`` when ``source`` follows torch's default generator now."""
+    draws = source._default
+    if draws is None or draws.pinned:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(torch, "default_generator", None) is None:
+        return None  # not imported, or still being imported
+    return torch, draws
+
+
 class SeedSource:
     """A reproducible stream of 63-bit seeds built from a ``generator`` argument.
 
-    ``None`` draws fresh OS entropy once, at construction; an ``int`` seeds a
-    PCG64 stream; a ``numpy.random.Generator`` is used as given (so its state
-    advances, as a torch.Generator's does); a ``torch.Generator`` is drawn from
-    with torch's own RNG.
+    ``None`` draws from torch's default generator when torch is imported
+    (NOTE [ torch's global seed ]), else from fresh OS entropy drawn once, at
+    construction; an ``int`` seeds a PCG64 stream; a ``numpy.random.Generator``
+    is used as given (so its state advances, as a torch.Generator's does); a
+    ``torch.Generator`` is drawn from with torch's own RNG.
 
     ``given`` is the ``generator`` argument as the caller passed it (to the
     source this one shares its stream with, if it was built from one).
     """
 
-    __slots__ = ("_numpy", "_torch", "given")
+    __slots__ = ("_numpy", "_torch", "_default", "given")
 
     def __init__(self, generator: Any = None) -> None:
         self._numpy: np.random.Generator | None = None
         self._torch = None
+        self._default: _TorchDefaultDraws | None = None
         self.given = generator
         if isinstance(generator, SeedSource):
             # Share the stream: a DataLoader's sampler and its worker seeds
             # then draw from one generator, as torch's do.
             self._numpy, self._torch = generator._numpy, generator._torch
+            self._default = generator._default
             self.given = generator.given
         elif generator is None:
             entropy = int.from_bytes(os.urandom(16), "little")
             self._numpy = np.random.Generator(np.random.PCG64(entropy))
+            self._default = _TorchDefaultDraws()
         elif isinstance(generator, (bool, np.bool_)):
             raise TypeError(f"generator must be None, an int seed, a numpy.random.Generator "
                             f"or a torch.Generator, got {generator!r}")
@@ -81,17 +178,75 @@ class SeedSource:
         return self._torch if self._torch is not None else self._numpy
 
     def draw(self) -> int:
-        """The next seed of the stream, in [0, 2**63)."""
+        """The next seed of the stream, in [0, 2**63): with ``None`` and torch
+        imported, one draw of torch's default generator (as torch makes one)."""
         if self._torch is not None:
             import torch  # only reachable when the caller passed a torch.Generator
 
             return int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
+        draws = self._default
+        if draws is not None and draws.pending:  # a restored state's (needs no torch)
+            value = draws.last = int(draws.replayed(int))
+            return value
+        following = _torch_default_draws(self)
+        if following is not None:
+            torch, draws = following
+            value = draws.last = int(torch.empty((), dtype=torch.int64).random_().item())
+            draws.record(value, replayed=False)
+            return value
         return int(self._numpy.integers(0, 1 << _SEED_BITS, dtype=np.int64))
 
+    def draw_quiet(self) -> int:
+        """A seed at a moment torch's loader draws none: from a ``None`` source
+        following torch, derived from its last draw (the global generator is
+        left alone); from any other, the next seed, as ``draw()``."""
+        draws = self._default
+        if draws is None or not draws.pending and (
+                draws.last is None or _torch_default_draws(self) is None):
+            # Not following torch, or nothing to derive from (a loader's first
+            # iterator draws for real, so this is only a stray call).
+            return self.draw()
+        if draws.pending:
+            value = int(draws.replayed(int))
+        else:
+            mixed = np.random.SeedSequence([draws.last, 0x717569657421])  # "quiet!"
+            value = int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+            draws.record(value, replayed=False)
+        draws.last = value
+        return value
+
+    def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
+        """``op(torch, generator)`` on torch's default generator, when this is a
+        ``None`` source and torch is imported; else None (nothing run).
+
+        For the orders torch draws straight from the default generator
+        (``randperm``, ``multinomial``): running torch's op is the only way to
+        advance it as torch does, and its result is then the order.  A restored
+        state replays it on a private generator set to the state it ran from.
+        """
+        following = _torch_default_draws(self)
+        if following is None:
+            return None
+        torch, draws = following
+        if draws.pending:
+            generator = torch.Generator()
+            generator.set_state(torch.frombuffer(bytearray(draws.replayed(bytes)),
+                                                 dtype=torch.uint8))
+            return op(torch, generator)
+        if draws.logs:  # a state is being kept: it must replay this op
+            draws.record(torch.default_generator.get_state().numpy().tobytes(), replayed=False)
+        return op(torch, torch.default_generator)
+
     def get_state(self) -> Any:
-        """An opaque, picklable snapshot of the stream."""
+        """An opaque, picklable snapshot of the stream (a live record of the
+        draws since, for a ``None`` source following torch: copy it to keep it)."""
         if self._torch is not None:
             return ("torch", self._torch.get_state())
+        draws = self._default
+        if draws is not None and (draws.pending or _torch_default_draws(self) is not None):
+            log = _DrawLog(draws.pending)
+            draws.logs.add(log)
+            return ("torch.default_generator", log)
         return ("numpy", self._numpy.bit_generator.state)
 
     def set_state(self, state: Any) -> None:
@@ -100,6 +255,17 @@ class SeedSource:
             self._torch.set_state(value)
         elif kind == "numpy" and self._numpy is not None:
             self._numpy.bit_generator.state = value
+            if self._default is not None:
+                # Taken without torch: its order continues from OS entropy's stream.
+                self._default.pending.clear()
+                self._default.pinned = True
+        elif kind == "torch.default_generator" and self._default is not None:
+            values = value.values if isinstance(value, _DrawLog) else value
+            if not isinstance(values, (list, tuple)) \
+                    or not all(_is_seed(v) or isinstance(v, bytes) for v in values):
+                raise ValueError(f"not a state of torch's default generator's draws: {value!r:.80}")
+            self._default.pending = deque(int(v) if _is_seed(v) else v for v in values)
+            self._default.pinned = False
         else:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
 

@@ -16,7 +16,9 @@ user samplers need not implement them:
   can snapshot it before an epoch and replay that epoch on resume.
 
 Random streams differ from torch's (we do not reproduce torch's Mersenne
-Twister); everything else (lengths, padding, batching, errors) matches.
+Twister); everything else (lengths, padding, batching, errors) matches.  With
+no generator and torch imported, the seeds come from torch's default generator,
+drawn as torch draws them (NOTE [ torch's global seed ] in rng.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ _T_co = TypeVar("_T_co", covariant=True)
 # Indices become Python ints this many at a time: one .tolist() per chunk
 # costs little, while a whole-epoch list of 10**8 ints would cost gigabytes.
 _TOLIST_CHUNK = 1 << 16
+
+
+def _permutation(source: SeedSource, n: int) -> np.ndarray:
+    """A random order of ``range(n)``: torch's own ``randperm`` on its default
+    generator when ``source`` follows it (as torch's samplers draw theirs,
+    NOTE [ torch's global seed ] in rng.py), else the kernel's, from one seed."""
+    order = source.run_on_torch_default(lambda torch, g: torch.randperm(n, generator=g))
+    return _core.permutation(n, source.draw()) if order is None else order.numpy()
 
 
 def _iter_ints(indices: np.ndarray) -> Iterator[int]:
@@ -193,16 +203,14 @@ class SubsetRandomSampler(_SeededSampler):
         indices = int64_indices(self.indices)
         if indices is None:
             return None  # not integers: iterate (see the module notes)
-        order = _core.permutation(indices.shape[0], self._seed_source.draw())
-        return indices[order]
+        return indices[_permutation(self._seed_source, indices.shape[0])]
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self._epoch_indices()
         if epoch is not None:
             yield from _iter_ints(epoch)
             return
-        order = _core.permutation(len(self.indices), self._seed_source.draw())
-        for position in order.tolist():
+        for position in _permutation(self._seed_source, len(self.indices)).tolist():
             yield self.indices[position]
 
 
@@ -386,6 +394,13 @@ class WeightedRandomSampler(_SeededSampler):
         return self.num_samples
 
     def _epoch_indices(self) -> np.ndarray:
+        # Following torch's default generator, torch's own draw (NOTE [ torch's
+        # global seed ] in rng.py): it raises torch's errors for bad weights.
+        drawn = self._seed_source.run_on_torch_default(
+            lambda torch, g: torch.multinomial(torch.from_numpy(self._weights), self.num_samples,
+                                               self.replacement, generator=g))
+        if drawn is not None:
+            return drawn.numpy()
         if self.replacement:
             # Comparing costs a fraction of rebuilding (one pass, no division).
             if self._alias is None or not np.array_equal(self._weights, self._alias_weights):
