@@ -808,7 +808,8 @@ class _MultiProcessIter(_BaseIter):
             return
         for worker, snap in enumerate(section["workers"]):
             if snap is not None:
-                self._pool.send(worker, (DATASET_STATE, snap), may_hold_tensors="torch" in sys.modules)
+                self._pool.send(worker, (DATASET_STATE, snap),
+                                may_hold_tensors="torch" in sys.modules)
                 if snap["ended"] and self._iterable:
                     self._active[worker] = False
         if self._iterable:

@@ -133,6 +133,10 @@ def dataset_section(loader: Any, progress: Any) -> dict | None:
     workers = loader.num_workers
     tracker = getattr(progress, "datasets", None)
     mid_epoch = progress is not None and not progress.finished
+    if mid_epoch and isinstance(tracker, WorkerSnapshots):
+        workers = len(tracker.workers)  # the epoch's, if the attribute changed since
+    elif mid_epoch and isinstance(tracker, MainSnapshot):
+        workers = 0
     section: dict = {"kind": _KINDS[bool(loader._iterable)], "num_workers": workers}
     if workers == 0:
         ended = mid_epoch and isinstance(tracker, MainSnapshot) and tracker.source.stream_ended
@@ -144,7 +148,8 @@ def dataset_section(loader: Any, progress: Any) -> dict | None:
         return section
     live = loader._iterator is not None and not loader._iterator.closed
     carried = tracker.workers if loader.persistent_workers and live \
-        and isinstance(tracker, WorkerSnapshots) else [None] * workers
+        and isinstance(tracker, WorkerSnapshots) and len(tracker.workers) == workers \
+        else [None] * workers
     following = WorkerSnapshots.next_epoch(carried)
     section["workers"] = following.workers
     section.update(following.position())

@@ -16,9 +16,8 @@ import pytest
 import fastload as fl
 from fastload import DataLoader
 
-sys.path.insert(0, os.path.dirname(__file__))
-from stateful_datasets import (CountingStream, NoisyTable, PlainStream,  # noqa: E402
-                               RefusingStream, as_lists, shard_bounds)
+from stateful_datasets import (CountingStream, NoisyTable, PlainStream, RefusingStream, as_lists,
+                               shard_bounds)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -176,7 +175,7 @@ def test_the_state_says_which_workers_are_exhausted_and_which_is_next():
 
 
 @pytest.mark.parametrize("kind", ["iterable", "map"])
-def test_a_persistent_loader_resumes_its_own_state(kind):
+def test_a_persistent_loader_resumes_its_own_state(kind, no_leaks):
     # load_state_dict on the loader whose workers are alive: their copies have
     # moved on, and are given the state again (or replaced, where the state
     # needs a copy as it came).
@@ -283,7 +282,7 @@ def test_a_map_state_without_the_dataset_part_still_loads():
     assert len(as_lists(rest)) == len(as_lists(table_loader())) - 2
 
 
-def test_a_worker_whose_load_state_dict_raises_reports_it():
+def test_a_worker_whose_load_state_dict_raises_reports_it(no_leaks):
     def make():
         return DataLoader(RefusingStream(), batch_size=4, num_workers=2)
 
