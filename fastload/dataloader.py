@@ -343,7 +343,10 @@ class DataLoader(Generic[_T_co]):
 
         Mid-epoch, also after the loop was left (``break``, an exception,
         Ctrl-C); between epochs, the start of the next one.  A state loaded and
-        not yet resumed is returned as loaded.
+        not yet resumed is returned as loaded.  A dataset that defines
+        ``state_dict`` / ``load_state_dict`` is saved through them, each
+        worker's copy at the batches handed out (``dataset_state``); an
+        IterableDataset that does not raises TypeError.
         """
         if self._iterable:
             require_stateful(self.dataset, "state_dict")

@@ -75,6 +75,28 @@ def test_resuming_at_any_cut_continues_the_uninterrupted_run(kind, kwargs):
         assert rest[1] == expected[1], f"next epoch, cut after {cut} batches"
 
 
+@pytest.mark.parametrize("kwargs", LOADERS, ids=LOADER_IDS)
+def test_a_resumed_stream_gives_the_batches_of_torchs_uninterrupted_loader(torch, kwargs):
+    # torch's loader takes the workers' streams in turn, as fastload's; a run
+    # cut and resumed by fastload gives what torch's gives without a cut.
+    class TorchStream(CountingStream, torch.utils.data.IterableDataset):
+        pass
+
+    theirs_loader = torch.utils.data.DataLoader(TorchStream(23), batch_size=4, **kwargs)
+    theirs = [as_lists(theirs_loader) for _ in range(2)]
+
+    def make():
+        return DataLoader(TorchStream(23), batch_size=4, **kwargs)
+
+    ours = make()
+    assert [as_lists(ours) for _ in range(2)] == theirs
+    for cut in (1, 4):
+        seen, state = taken_then_state(make(), cut)
+        rest = resumed(make, state)
+        assert seen + rest[0] == theirs[0], f"cut after {cut} batches"
+        assert rest[1] == theirs[1], f"next epoch, cut after {cut} batches"
+
+
 @pytest.mark.parametrize("kind", ["iterable", "map"])
 @pytest.mark.parametrize("kwargs", LOADERS, ids=LOADER_IDS)
 def test_resuming_in_a_later_epoch(kind, kwargs):
