@@ -785,10 +785,10 @@ class _MultiProcessIter(_BaseIter):
         for _ in range(self._num_workers * self._prefetch):
             self._dispatch()
 
-    def _begin_epoch(self, resume: dict | None, lazy: bool = False) -> int:
+    def _begin_epoch(self, resume: dict | None, **how: Any) -> int:
         """The base's, and the dataset copies' snapshots for this epoch (a
         dataset with ``state_dict``: see ``dataset_state``)."""
-        base_seed = super()._begin_epoch(resume, lazy)
+        base_seed = super()._begin_epoch(resume, **how)
         self._dataset_resume = resume.get("dataset") if resume is not None else None
         self._snapshots: WorkerSnapshots | None = None
         if is_stateful(self._dataset):
