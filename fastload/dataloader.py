@@ -37,6 +37,9 @@ import numpy as np
 
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import is_iterable_dataset
+from fastload.dataset_state import DATASET_STATE, MainSnapshot, WorkerSnapshots, \
+    check_dataset_section, dataset_section, is_stateful, needs_fresh_workers, require_stateful, \
+    restore_copy
 from fastload.fetch import BatchSource
 from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
@@ -268,6 +271,9 @@ class DataLoader(Generic[_T_co]):
 
     def __iter__(self) -> "_BaseIter":
         if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is not None and not self._iterator.closed \
+                    and is_stateful(self.dataset) and needs_fresh_workers(self._pending_state):
+                self._iterator.shutdown()  # its copies of the dataset have moved on
             if self._iterator is None or self._iterator.closed:
                 self._iterator = self._get_iterator()
             else:
@@ -337,15 +343,26 @@ class DataLoader(Generic[_T_co]):
 
         Mid-epoch, also after the loop was left (``break``, an exception,
         Ctrl-C); between epochs, the start of the next one.  A state loaded and
-        not yet resumed is returned as loaded.
+        not yet resumed is returned as loaded.  A dataset that defines
+        ``state_dict`` / ``load_state_dict`` is saved through them, each
+        worker's copy at the batches handed out (``dataset_state``); an
+        IterableDataset that does not raises TypeError.
         """
         if self._iterable:
-            raise TypeError("DataLoader.state_dict supports map-style datasets; an "
-                            "IterableDataset keeps its position in its own iterator")
-        warn_if_order_unknown(self)
+            require_stateful(self.dataset, "state_dict")
+        else:
+            warn_if_order_unknown(self)
         if self._pending_state is not None:
             return dict(self._pending_state)
-        return make_state([s.get_state() for s in self._rng_sources()], self._progress, self)
+        state = make_state([s.get_state() for s in self._rng_sources()], self._progress, self)
+        section = dataset_section(self, self._progress)
+        if section is not None:
+            state["dataset"] = section
+            if self._iterable and "batches_yielded" in section:
+                # With workers, batch numbers have holes (an exhausted worker's
+                # tasks): the count of batches handed out is the section's.
+                state["batches_yielded"], state["yielded_after"] = section["batches_yielded"], []
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``: the next ``iter(loader)`` continues that epoch.
@@ -354,8 +371,10 @@ class DataLoader(Generic[_T_co]):
         batch size, samplers and generator): a mismatch is a ValueError naming it.
         """
         if self._iterable:
-            raise TypeError("DataLoader.load_state_dict supports map-style datasets only")
-        self._pending_state = check_state(state, self, self._rng_sources())
+            require_stateful(self.dataset, "load_state_dict")
+        checked = check_state(state, self, self._rng_sources())
+        check_dataset_section(checked, self)
+        self._pending_state = checked
 
 
 def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[Any], bool]:
@@ -530,7 +549,12 @@ class _SingleProcessIter(_BaseIter):
                 f"timeout == 0)")
         super().__init__(loader)
         self._begin_epoch(resume, lazy=True)
-        if self._source.iterable:
+        section = resume.get("dataset") if resume is not None else None
+        if section is not None:
+            restore_copy(self._dataset, self._source, section["main"])
+        if is_stateful(self._dataset):
+            self.progress.datasets = MainSnapshot(self._source)
+        if self._source.iterable and not self._source.stream_ended:
             # As torch: the dataset's iter() runs now, so its errors (even a
             # StopIteration) come out of iter(loader).  (A worker's runs at its first batch.)
             self._source.open_stream()
@@ -761,8 +785,45 @@ class _MultiProcessIter(_BaseIter):
         self._rotation = self._next_batch_no % self._num_workers
         self._next_to_yield = self._next_batch_no
         self._indices_exhausted = False
+        self._resume_datasets()
         for _ in range(self._num_workers * self._prefetch):
             self._dispatch()
+
+    def _begin_epoch(self, resume: dict | None, **how: Any) -> int:
+        """The base's, and the dataset copies' snapshots for this epoch (a
+        dataset with ``state_dict``: see ``dataset_state``)."""
+        base_seed = super()._begin_epoch(resume, **how)
+        self._dataset_resume = resume.get("dataset") if resume is not None else None
+        self._snapshots: WorkerSnapshots | None = None
+        if is_stateful(self._dataset):
+            if self._dataset_resume is not None:
+                self._snapshots = WorkerSnapshots(self._dataset_resume["workers"],
+                                                  self._dataset_resume)
+            else:  # persistent workers' copies carry their state into the next epoch
+                previous = getattr(self, "_carried", None)
+                self._snapshots = WorkerSnapshots.next_epoch(previous or [None] * self._num_workers)
+            self._carried = self._snapshots.workers
+            self.progress.datasets = self._snapshots
+        return base_seed
+
+    def _resume_datasets(self) -> None:
+        """Resuming: each worker's copy takes its state before its first task, and
+        an IterableDataset's round-robin goes on from the worker after the last
+        one handed out, the exhausted ones skipped."""
+        section, self._dataset_resume = self._dataset_resume, None
+        if section is None:
+            return
+        for worker, snap in enumerate(section["workers"]):
+            if snap is not None:
+                self._pool.send(worker, (DATASET_STATE, snap),
+                                may_hold_tensors="torch" in sys.modules)
+                if snap["ended"] and self._iterable:
+                    self._active[worker] = False
+        if self._iterable:
+            for worker in section["exhausted"]:
+                self._active[worker] = False
+            self._rotation = section["next_worker"]
+            self._next_batch_no = self._next_to_yield = section["next_batch_no"]
 
     def reset(self, loader: DataLoader, resume: dict | None = None) -> None:
         """A new epoch on the same workers (persistent_workers)."""
@@ -781,6 +842,8 @@ class _MultiProcessIter(_BaseIter):
             _, reply = self._receive()
             self._tasks.pop(reply[1], None)
             self._ring.release(reply[2])
+        if self._snapshots is not None:
+            self._snapshots.absorb_unhanded()
 
     # -- tasks ---------------------------------------------------------------
 
@@ -849,6 +912,10 @@ class _MultiProcessIter(_BaseIter):
             self._pool.exit_grace = 0.0
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
+        if len(reply) > 5:  # the snapshot of a dataset with state_dict (dataset_state)
+            if self._snapshots is not None:
+                self._snapshots.arrive(worker, reply[1], reply[5])
+            reply = reply[:5]
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
             try:
@@ -918,13 +985,19 @@ class _MultiProcessIter(_BaseIter):
                         layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
                     self._dispatch()
+                    if self._snapshots is not None:
+                        self._snapshots.hand(worker, batch_no)
                     return self._deliver(batch_no, batch)
                 self._ring.release(slot_id)
                 if kind == "end":  # this worker's IterableDataset replica is exhausted
                     self._active[worker] = False
+                    if self._snapshots is not None:
+                        self._snapshots.end(worker, batch_no)
                     self._dispatch()  # keep the other workers' share in flight
                     continue
                 self.progress.hand(batch_no)  # its error was the caller's batch: resuming skips it
+                if self._snapshots is not None:
+                    self._snapshots.hand(worker, batch_no)
                 self._dispatch()
                 payload.reraise()
             if not self._tasks:

@@ -135,6 +135,16 @@ class BatchSource:
         """
         self._iterator = iter(self.dataset)
 
+    @property
+    def stream_ended(self) -> bool:
+        """An IterableDataset's stream gave its last batch: the next one is its end
+        (a resume sets it, see ``dataset_state``)."""
+        return self._exhausted
+
+    @stream_ended.setter
+    def stream_ended(self, ended: bool) -> None:
+        self._exhausted = ended
+
     def start_epoch(self, base_seed: int) -> None:
         """Begin an epoch: new transform seeds; an IterableDataset starts over."""
         self._base_seed = base_seed

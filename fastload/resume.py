@@ -9,6 +9,45 @@ ones without fetching them (NOTE [ Determinism ] in dataloader.py).
 ``EpochProgress`` is kept by the loader, not only by its iterator, so a
 state taken after the loop has ended -- a ``break``, an exception, Ctrl-C,
 which drop the iterator -- still says where the epoch stopped.
+
+A dataset's own state (torchdata's convention; the code is ``dataset_state.py``):
+a dataset, map-style or iterable, that defines ``state_dict()`` and
+``load_state_dict(state)`` is saved and restored through them, under the
+state's ``"dataset"`` key; an IterableDataset that does not define them
+cannot be resumed (TypeError naming the two methods), a map-style one resumes
+by its sampler alone, as before.
+
+* ``num_workers=0``: the dataset's state when the state is taken (the main
+  process makes each batch when it is asked for, so that is the boundary the
+  caller has seen), and whether its stream gave its last, short batch.
+* Workers: a worker snapshots its copy with each answer it sends; the main
+  process keeps per worker the snapshot of the last answer it handed out
+  (workers run ahead by the prefetch).  For an IterableDataset also the
+  round-robin's place: torch's, and fastload's, batching takes batch ``k``
+  from the next worker in turn that is not exhausted, so the state keeps the
+  worker after the last one handed out, the workers found exhausted, the
+  next batch number and the count of batches handed out.
+* Resuming, ``iter()`` gives each copy its state before it makes a batch and
+  continues the turn from that worker: the rest of the epoch is the rest of
+  the uninterrupted run, batch for batch (``in_order=False``: each worker's
+  stream continues exactly; their interleaving follows arrival, as in any
+  such run; with a map-style dataset each copy resumes at the last batch of
+  it handed out).  A worker with nothing handed out yet this epoch resumes
+  with its copy as it came from the main process (a persistent worker's, as
+  the last epoch left it, its stream started over).  Between epochs a state
+  holds what the next epoch starts from: the dataset's state, persistent
+  workers' copies, or nothing for new workers, which copy the main process's
+  dataset again.
+* A state of other ``num_workers`` is refused when a dataset part is in it:
+  each worker reads its own stream of an IterableDataset (sharded by
+  ``get_worker_info()``), and each copy of a map-style dataset has its own
+  state.  A map-style state without a dataset part (taken before) still loads.
+* Seeds: as for map-style datasets, the resumed epoch draws the base seed the
+  epoch drew, so workers get the same ``get_worker_info().seed`` and seed
+  numpy's and Python's generators with it once, at start; what a dataset drew
+  from them before the cut is not replayed: keep such a generator in the
+  dataset's state.  Persistent workers resumed in a later epoch are new
+  processes, seeded from that epoch's base seed.
 """
 
 from __future__ import annotations
@@ -36,7 +75,7 @@ class EpochProgress:
     caller has it or the exception raised in making it: resuming skips it.
     """
 
-    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished")
+    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished", "datasets")
 
     def __init__(self, rng_states: list, sampler_epoch: Any, handed: int = 0,
                  after: frozenset = frozenset()) -> None:
@@ -45,6 +84,8 @@ class EpochProgress:
         self.handed = handed
         self.after = set(after)
         self.finished = False
+        # The dataset copies' snapshots, for a dataset with state_dict (dataset_state.py).
+        self.datasets: Any = None
         self._advance()
 
     def hand(self, batch_no: int) -> None:
@@ -220,7 +261,9 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
                          f"yielded_after={after!r} must be batch numbers (ints >= 0), the "
                          f"second all above the first")
     try:
-        batches = len(loader)
+        # An IterableDataset's len() is not asked: torch's loader remembers it
+        # (for its warning), and a stream's batches are counted by the dataset part.
+        batches = None if loader._iterable else len(loader)
     except TypeError:
         batches = None
     if batches is not None and max([handed - 1, *after]) >= batches:

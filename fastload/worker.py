@@ -15,6 +15,9 @@ pipe; array bytes never travel through either (they go into ring slots):
 * ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
 * ``("resend_layouts",)``: the main process lost a layout; number them afresh
   (``layout_wire.RESEND_LAYOUTS``);
+* ``("dataset_state", snapshot)``: resuming, before the epoch's first batch:
+  load it into this worker's copy of the dataset; a dataset that defines
+  ``state_dict`` has a snapshot appended to each answer (``dataset_state``);
 * ``("indirect", name, size)``: the real message waits in shared memory;
 * ``None``: exit, without making the batches still queued (torch's workers
   skip them too, once told to stop), so stopping never waits for more than
@@ -48,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload import _core, pipe_ends
+from fastload.dataset_state import DATASET_STATE, is_stateful, restore_copy, snapshot
 from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
 from fastload.interrupts import restore_callers_handlers
@@ -490,6 +494,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
         source = BatchSource(dataset, *source_args)
+        stateful = is_stateful(dataset)  # then each answer carries its snapshot
     except Exception:
         # The main process re-raises it and stops the pool.
         return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)),
@@ -548,6 +553,16 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         if kind == RESEND_LAYOUTS[0]:
             layouts = LayoutSender()
             continue
+        if kind == DATASET_STATE:
+            try:
+                restore_copy(dataset, source, message[1])
+            except Exception:
+                # As a worker that could not start: the main process re-raises it.
+                error = ExceptionWrapper(f"{where} (loading the dataset's state_dict)")
+                if not _send(result_conn, ("init_error", -1, -1, None, error),
+                             wait_writable=wait_writable):
+                    break
+            continue
         _, batch_no, slot, packed, indices = message
         slot_info = SlotInfo(*slot)
         if packed:  # an int64 index array, sent as its bytes
@@ -572,6 +587,12 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         # The created segment is reported even for a failed batch, so the main
         # process adopts (and later unlinks) it.
         reply = (kind, batch_no, slot_info.slot_id, allocation.created_name, payload)
+        if stateful:
+            try:
+                reply += (snapshot(dataset, source.stream_ended),)
+            except Exception:
+                reply = ("error",) + reply[1:4] + (ExceptionWrapper(
+                    f"{where} (taking the dataset's state_dict() after batch {batch_no})"),)
         if not _send(result_conn, reply, where, wait_writable):
             if stop_while_sending:
                 result_conn.close()

@@ -746,7 +746,8 @@ def test_state_dict_rejects_foreign_state():
     loader = DataLoader(fl.ArrayDataset(np.arange(4)))
     with pytest.raises(ValueError, match="state_dict"):
         loader.load_state_dict({"epoch": 3})
-    with pytest.raises(TypeError, match="map-style"):
+    with pytest.raises(TypeError, match=r"does not define state_dict\(\) and "
+                                        r"load_state_dict\(state\); define both"):
         DataLoader(Stream(3)).state_dict()
 
 
