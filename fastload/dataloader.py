@@ -37,6 +37,7 @@ import numpy as np
 
 from fastload.collate import default_collate, default_convert, to_torch
 from fastload.dataset import is_iterable_dataset
+from fastload.elastic import distributed_split, rebase_to_split, record_split, remainder_stream
 from fastload.fetch import BatchSource
 from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
@@ -345,7 +346,8 @@ class DataLoader(Generic[_T_co]):
         warn_if_order_unknown(self)
         if self._pending_state is not None:
             return dict(self._pending_state)
-        return make_state([s.get_state() for s in self._rng_sources()], self._progress, self)
+        return record_split(make_state([s.get_state() for s in self._rng_sources()],
+                                       self._progress, self), self, self._progress)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``: the next ``iter(loader)`` continues that epoch.
@@ -355,7 +357,7 @@ class DataLoader(Generic[_T_co]):
         """
         if self._iterable:
             raise TypeError("DataLoader.load_state_dict supports map-style datasets only")
-        self._pending_state = check_state(state, self, self._rng_sources())
+        self._pending_state = check_state(rebase_to_split(state, self), self, self._rng_sources())
 
 
 def _index_stream(index_sampler: Any, auto_collation: bool) -> tuple[Iterator[Any], bool]:
@@ -415,6 +417,7 @@ class _BaseIter:
         self._rng_sources = loader._rng_sources()
         self._epoch_sampler = epoch_sampler(loader)
         self._index_sampler = loader._index_sampler
+        self._split = distributed_split(loader)
         self._len_called = loader._IterableDataset_len_called
         self.progress = EpochProgress([], None)
 
@@ -447,7 +450,10 @@ class _BaseIter:
                                       getattr(self._epoch_sampler, "epoch", None), skip, skip_after)
         base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
-        if lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
+        start = (resume or {}).get("distributed", {}).get("start", 0)
+        if start:
+            self._index_remainder(start)
+        elif lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
             # BatchSampler.__iter__ is a generator, as torch's: nothing of it
             # runs before the first batch.
             self._kernel_batches = False
@@ -464,6 +470,15 @@ class _BaseIter:
         self._num_yielded = skip
         self._next_batch_no = skip
         return base_seed
+
+    def _index_remainder(self, start: int) -> None:
+        """The index stream of an epoch resumed past ``start`` samples of its
+        DistributedSampler order, on any world size (fastload/elastic.py)."""
+        self.progress.order_start = start
+        self._kernel_batches = _takes_kernel_batches(self._index_sampler,
+                                                     self._source.auto_collation)
+        self._indices = remainder_stream(self._split,
+                                         start, self._kernel_batches)
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
         self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)

@@ -35,7 +35,7 @@ class EpochProgress:
     caller has it or the exception raised in making it: resuming skips it.
     """
 
-    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished")
+    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished", "order_start")
 
     def __init__(self, rng_states: list, sampler_epoch: Any, handed: int = 0,
                  after: frozenset = frozenset()) -> None:
@@ -44,6 +44,9 @@ class EpochProgress:
         self.handed = handed
         self.after = set(after)
         self.finished = False
+        # A DistributedSampler epoch resumed from elsewhere: where in the epoch's
+        # order its suffix starts (fastload/elastic.py).
+        self.order_start = 0
         self._advance()
 
     def hand(self, batch_no: int) -> None:
