@@ -28,21 +28,20 @@ from typing import Any, Iterator
 import numpy as np
 
 from fastload.resume import sampler_places
+from fastload.sampler import BatchSampler, DistributedSampler
 
 __all__ = ["DistributedSplit", "distributed_split", "record_split", "rebase_to_split",
            "remainder_stream", "order_start_of"]
 
-_DISTRIBUTED_SAMPLERS = (("fastload.sampler", "DistributedSampler"),
-                         ("torch.utils.data.distributed", "DistributedSampler"))
-_BATCH_SAMPLERS = (("fastload.sampler", "BatchSampler"),
-                   ("torch.utils.data.sampler", "BatchSampler"))
+_DISTRIBUTED_SAMPLERS = (DistributedSampler, ("torch.utils.data.distributed", "DistributedSampler"))
+_BATCH_SAMPLERS = (BatchSampler, ("torch.utils.data.sampler", "BatchSampler"))
 
 
 def _is_one_of(obj: Any, classes: tuple) -> bool:
-    """``obj`` is exactly one of the ``(module, name)`` classes (without importing torch);
-    a subclass may order or batch otherwise."""
+    """``obj`` is exactly fastload's class or torch's ``(module, name)`` (named, so as
+    not to import torch); a subclass may order or batch otherwise."""
     cls = type(obj)
-    return (cls.__module__, cls.__qualname__) in classes
+    return cls is classes[0] or (cls.__module__, cls.__qualname__) == classes[1]
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,11 @@ def rebase_to_split(state: Any, loader: Any) -> Any:
     length, batch size, seed, shuffle, drop_last) and refuses a mismatch.
     """
     split = distributed_split(loader)
-    if not isinstance(state, dict) or "distributed" not in state or split is None:
+    if not isinstance(state, dict):
+        return state
+    if split is None:
+        _refuse_another_world_without_split(state, loader)
+    if "distributed" not in state or split is None:
         return state
     world, rank, start = _checked_record(state)
     n = len(split.sampler.dataset)
@@ -155,6 +158,27 @@ def rebase_to_split(state: Any, loader: Any) -> Any:
                    distributed={"num_replicas": new_world, "rank": new_rank, "start": new_start},
                    loader=_described_for(state.get("loader"), split))
     return rebased
+
+
+def _refuse_another_world_without_split(state: dict, loader: Any) -> None:
+    """A clear reason when a loader that cannot resume elastically is given a state of
+    another world size or rank (rather than the first description field that differs)."""
+    recorded = state.get("loader")
+    samplers = recorded.get("samplers") if isinstance(recorded, dict) else None
+    if not isinstance(samplers, dict):
+        return
+    for place, sampler in sampler_places(loader):
+        entry = samplers.get(place)
+        if not isinstance(entry, dict) or "num_replicas" not in entry:
+            continue
+        old = (entry.get("num_replicas"), entry.get("rank"))
+        new = (getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None))
+        if old != new:
+            raise ValueError(f"this state_dict comes from a DataLoader with {place}.num_replicas="
+                             f"{old[0]!r} and rank={old[1]!r}, this one has {place}.num_replicas="
+                             f"{new[0]!r} and rank={new[1]!r}; only fastload's or torch's "
+                             f"DistributedSampler (alone or in their BatchSampler) resumes on "
+                             f"another world size or rank, not {type(sampler).__qualname__}")
 
 
 def _described_for(recorded: Any, split: DistributedSplit) -> Any:

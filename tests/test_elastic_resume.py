@@ -345,3 +345,36 @@ def test_real_ranks_resume_on_another_world_size(torch, tmp_path):
     assert len({len(r) for r in rest}) == 1
     everything = values(seen) + values(rest)
     assert set(everything) == set(range(N)) and len(everything) - N <= 1 + 2
+
+
+def test_persistent_workers_resume_elastically_and_go_on_to_the_next_epoch(torch):
+    seen, states = run_until(2, 2)
+    shares, next_epochs = [], []
+    for rank in range(3):
+        dataset = fl.ArrayDataset(np.arange(N))
+        sampler = fl.DistributedSampler(dataset, num_replicas=3, rank=rank, seed=SEED)
+        loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2,
+                            persistent_workers=True)
+        loader.load_state_dict(states[1])
+        shares.append([v for batch in loader for v in batch[0].tolist()])
+        sampler.set_epoch(EPOCH + 1)
+        next_epochs.append([batch[0].tolist() for batch in loader])
+    assert shares == expected_resumed(torch, seen, 3)
+    fresh = []
+    for rank in range(3):
+        loader, sampler = make(3, rank)
+        sampler.set_epoch(EPOCH + 1)
+        fresh.append([batch[0].tolist() for batch in loader])
+    assert next_epochs == fresh
+
+
+@pytest.mark.filterwarnings("ignore:DataLoader.state_dict. the order of")  # a caller's sampler
+def test_a_subclass_of_distributed_sampler_resumes_only_on_its_own_world_size():
+    class Mine(fl.DistributedSampler):
+        pass
+
+    _, states = run_until(2, 2, sampler_class=Mine)
+    make(2, 0, sampler_class=Mine)[0].load_state_dict(states[0])
+    with pytest.raises(ValueError, match=r"num_replicas=2 and rank=0, this one has .*"
+                                         r"num_replicas=3 and rank=0; only .* not .*Mine"):
+        make(3, 0, sampler_class=Mine)[0].load_state_dict(states[0])
