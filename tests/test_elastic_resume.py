@@ -378,3 +378,70 @@ def test_a_subclass_of_distributed_sampler_resumes_only_on_its_own_world_size():
     with pytest.raises(ValueError, match=r"num_replicas=2 and rank=0, this one has .*"
                                          r"num_replicas=3 and rank=0; only .* not .*Mine"):
         make(3, 0, sampler_class=Mine)[0].load_state_dict(states[0])
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), batch_size=st.integers(1, 6),
+       worlds=st.lists(st.integers(1, 4), min_size=2, max_size=3),
+       sampler_drop_last=st.booleans(), drop_last=st.booleans(), shuffle=st.booleans(),
+       cuts=st.lists(st.floats(0, 1), min_size=2, max_size=2))
+def test_any_chain_of_world_sizes_sees_each_sample_once(torch, n, batch_size, worlds,
+                                                         sampler_drop_last, drop_last, shuffle,
+                                                         cuts):
+    # Hop from world size to world size, each hop's ranks stopping at a step all reached.
+    # On another world size every new rank takes one state (rank 0's or the last rank's)
+    # and gets torch's split of the samples of the epoch's order nobody has seen; on the
+    # same world size each rank takes its own and goes on exactly (the same samples; the
+    # padding, if any, repeats the epoch's head instead of the suffix's).  Every rank has
+    # as many batches; once a world has finished its shares, the epoch is over.
+    options = dict(n=n, batch_size=batch_size, sampler_drop_last=sampler_drop_last,
+                   drop_last=drop_last, shuffle=shuffle)
+
+    def hop_loaders(world, states, hop):
+        loaders = []
+        for rank in range(world):
+            loader, sampler = make(world, rank, **options)
+            sampler.set_epoch(EPOCH)
+            if states is not None:
+                same = states[0]["distributed"]["num_replicas"] == world
+                loader.load_state_dict(states[rank] if same else states[-(hop % 2)])
+            loaders.append(loader)
+        return loaders
+
+    states, seen, over = None, [], False
+    for hop, world in enumerate(worlds):
+        batches = [[batch[0].tolist() for batch in loader]
+                   for loader in hop_loaders(world, states, hop)]
+        assert len({len(b) for b in batches}) == 1
+        if states is not None:
+            shares = [values(b) for b in batches]
+            expected = [[] for _ in range(world)] if over else expected_resumed(
+                torch, [seen], world, sampler_drop_last=sampler_drop_last, drop_last=drop_last,
+                batch_size=batch_size, n=n, shuffle=shuffle)
+            if worlds[hop - 1] != world:
+                assert shares == expected, hop
+            else:
+                assert [len(s) for s in shares] == [len(s) for s in expected], hop
+                assert set(values(shares)) - set(values(seen)) == set(values(expected)), hop
+        if hop == len(worlds) - 1:
+            seen += values(batches)
+            break
+        cut = round(cuts[hop] * len(batches[0]))
+        over = over or cut == len(batches[0])
+        previous, states = states, []
+        for loader in hop_loaders(world, previous, hop):
+            iterator = iter(loader)
+            seen += [next(iterator)[0].tolist() for _ in range(cut)]
+            states.append(loader.state_dict())
+            del iterator
+    everything = values(seen)
+    assert set(everything) <= set(range(n))
+    if not (sampler_drop_last or drop_last or over):
+        assert set(everything) == set(range(n))
+    if sampler_drop_last:
+        assert len(everything) == len(set(everything))
