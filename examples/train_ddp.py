@@ -119,17 +119,20 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def image_root(options: argparse.Namespace, rank: int) -> str:
-    """``--data``, or the cached synthetic folder (rank 0 builds it; the others wait)."""
+def image_root(options: argparse.Namespace) -> str:
+    """``--data``, or the cached synthetic folder: each node's first process builds it
+    (once: later runs find it cached), the others wait and then find it."""
     if options.data:
         return options.data
     side = options.image_size
-    make = lambda: synthetic_image_folder(options.images, (side, side), options.classes,
-                                          workers=1)
-    if rank == 0:
-        root = make()
+
+    def build() -> str:
+        return synthetic_image_folder(options.images, (side, side), options.classes, workers=1)
+
+    first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    root = build() if first_on_node else None
     dist.barrier()
-    return root if rank == 0 else make()
+    return root if root is not None else build()
 
 
 def build_loader(options: argparse.Namespace, dataset: Any) -> tuple[Any, Any]:
@@ -213,7 +216,7 @@ def train(options: argparse.Namespace) -> dict:
     torch.manual_seed(options.seed)
     transform = T.Compose([T.RandomResizedCrop(options.crop, scale=(0.25, 1.0)),
                            T.RandomHorizontalFlip(), T.ToArray()])
-    folder = ImageFolder(image_root(options, rank), transform=transform)
+    folder = ImageFolder(image_root(options), transform=transform)
     dataset = IndexedImages(folder)
     loader, sampler = build_loader(options, dataset)
     model = DistributedDataParallel(SmallConvNet(len(folder.classes)))

@@ -477,8 +477,7 @@ class _BaseIter:
         self.progress.order_start = start
         self._kernel_batches = _takes_kernel_batches(self._index_sampler,
                                                      self._source.auto_collation)
-        self._indices = remainder_stream(self._split,
-                                         start, self._kernel_batches)
+        self._indices = remainder_stream(self._split, start, self._kernel_batches)
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
         self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)
