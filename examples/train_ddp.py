@@ -181,8 +181,16 @@ def save_checkpoint(path: str, rank: int, world: int, model: Any, optimizer: Any
         checkpoint = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                       "loader_states": states, "world_size": world, **progress}
         temporary = f"{path}.tmp{os.getpid()}"
-        torch.save(checkpoint, temporary)
-        os.replace(temporary, path)
+        try:
+            with open(temporary, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before it takes the checkpoint's name
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
     dist.barrier()
 
 
@@ -196,6 +204,11 @@ def restore(options: argparse.Namespace, rank: int, world: int, model: Any, opti
     progress = {k: checkpoint[k] for k in ("epoch", "step", "epoch_step")}
     states = checkpoint["loader_states"]
     if options.loader == "fastload":
+        if states[0] is None and progress["epoch_step"]:
+            raise SystemExit("this checkpoint was written mid-epoch with --loader torch, which "
+                             "keeps no loader state; resume it with --loader torch")
+        if states[0] is None:
+            return progress, loader  # at an epoch's end: nothing of the loader to restore
         # Same world size: this rank's own state, exact to the batch; another: any
         # rank's state says which samples the whole job has seen (elastic resume).
         loader.load_state_dict(states[rank] if checkpoint["world_size"] == world else states[0])

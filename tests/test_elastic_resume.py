@@ -15,6 +15,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fastload as fl
 from fastload import DataLoader
@@ -378,10 +380,6 @@ def test_a_subclass_of_distributed_sampler_resumes_only_on_its_own_world_size():
     with pytest.raises(ValueError, match=r"num_replicas=2 and rank=0, this one has .*"
                                          r"num_replicas=3 and rank=0; only .* not .*Mine"):
         make(3, 0, sampler_class=Mine)[0].load_state_dict(states[0])
-
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=120, deadline=None,
