@@ -40,6 +40,7 @@ from fastload.dataset import is_iterable_dataset
 from fastload.dataset_state import DATASET_STATE, MainSnapshot, WorkerSnapshots, \
     check_dataset_section, dataset_section, is_stateful, needs_fresh_workers, require_stateful, \
     restore_copy
+from fastload.elastic import distributed_split, rebase_to_split, record_split, remainder_stream
 from fastload.fetch import BatchSource
 from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
@@ -362,7 +363,7 @@ class DataLoader(Generic[_T_co]):
                 # With workers, batch numbers have holes (an exhausted worker's
                 # tasks): the count of batches handed out is the section's.
                 state["batches_yielded"], state["yielded_after"] = section["batches_yielded"], []
-        return state
+        return record_split(state, self, self._progress)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state``: the next ``iter(loader)`` continues that epoch.
@@ -372,7 +373,7 @@ class DataLoader(Generic[_T_co]):
         """
         if self._iterable:
             require_stateful(self.dataset, "load_state_dict")
-        checked = check_state(state, self, self._rng_sources())
+        checked = check_state(rebase_to_split(state, self), self, self._rng_sources())
         check_dataset_section(checked, self)
         self._pending_state = checked
 
@@ -434,6 +435,7 @@ class _BaseIter:
         self._rng_sources = loader._rng_sources()
         self._epoch_sampler = epoch_sampler(loader)
         self._index_sampler = loader._index_sampler
+        self._split = distributed_split(loader)
         self._len_called = loader._IterableDataset_len_called
         self.progress = EpochProgress([], None)
 
@@ -470,7 +472,10 @@ class _BaseIter:
         # nothing: NOTE [ torch's global seed ] in rng.py.
         base_seed = self._seed_source.draw_quiet() if same_workers else self._seed_source.draw()
         self._source.start_epoch(base_seed)
-        if lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
+        start = (resume or {}).get("distributed", {}).get("start", 0)
+        if start:
+            self._index_remainder(start)
+        elif lazy and _takes_kernel_batches(self._index_sampler, self._source.auto_collation):
             # BatchSampler.__iter__ is a generator, as torch's: nothing of it
             # runs before the first batch.
             self._kernel_batches = False
@@ -487,6 +492,14 @@ class _BaseIter:
         self._num_yielded = skip
         self._next_batch_no = skip
         return base_seed
+
+    def _index_remainder(self, start: int) -> None:
+        """The index stream of an epoch resumed past ``start`` samples of its
+        DistributedSampler order, on any world size (fastload/elastic.py)."""
+        self.progress.order_start = start
+        self._kernel_batches = _takes_kernel_batches(self._index_sampler,
+                                                     self._source.auto_collation)
+        self._indices = remainder_stream(self._split, start, self._kernel_batches)
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
         self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)

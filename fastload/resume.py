@@ -75,7 +75,8 @@ class EpochProgress:
     caller has it or the exception raised in making it: resuming skips it.
     """
 
-    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished", "datasets")
+    __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished", "datasets",
+                 "order_start")
 
     def __init__(self, rng_states: list, sampler_epoch: Any, handed: int = 0,
                  after: frozenset = frozenset()) -> None:
@@ -86,6 +87,9 @@ class EpochProgress:
         self.finished = False
         # The dataset copies' snapshots, for a dataset with state_dict (dataset_state.py).
         self.datasets: Any = None
+        # A DistributedSampler epoch resumed from elsewhere: where in the epoch's
+        # order its suffix starts (fastload/elastic.py).
+        self.order_start = 0
         self._advance()
 
     def hand(self, batch_no: int) -> None:

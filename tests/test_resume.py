@@ -318,8 +318,9 @@ def _sampled(sampler):
     (lambda: _sampled(fl.DistributedSampler(range(24), 2, 0, shuffle=True)),
      lambda: _sampled(fl.DistributedSampler(range(24), 2, 0, shuffle=False)),
      "batch_sampler.sampler.shuffle=True, this one has batch_sampler.sampler.shuffle=False"),
-    (lambda: _sampled(fl.DistributedSampler(range(24), 2, 0)),
-     lambda: _sampled(fl.DistributedSampler(range(24), 2, 1)), "sampler.rank=0, this one has"),
+    # Another rank or world size resumes elastically (test_elastic_resume.py); another seed cannot.
+    (lambda: _sampled(fl.DistributedSampler(range(24), 2, 0, seed=0)),
+     lambda: _sampled(fl.DistributedSampler(range(24), 2, 1, seed=1)), "sampler.seed=0, this one has"),
     (lambda: _sampled(fl.RandomSampler(range(24), generator=0)),
      lambda: _sampled(fl.RandomSampler(range(24), replacement=True, generator=0)),
      "sampler.replacement=False, this one has"),
@@ -338,7 +339,7 @@ def _sampled(sampler):
      lambda: _sampled(fl.RandomSampler(range(24), generator=0)),
      r"seed_streams=\['generator', 'batch_sampler.sampler \(draws from generator\)'\], this "
      r"one has seed_streams=\['generator', 'batch_sampler.sampler'\]"),
-], ids=["batch size", "drop_last", "shuffle", "rank", "replacement", "subset", "subset indices",
+], ids=["batch size", "drop_last", "shuffle", "seed", "replacement", "subset", "subset indices",
         "weights", "index list", "a generator shared or not"])
 def test_a_state_from_samplers_built_otherwise_is_refused_when_loaded(make, other, field):
     # The samplers' own settings, not only their types: each of these would
