@@ -30,6 +30,7 @@ from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNo
                               default_collate, fn_map_is_pristine, is_string_or_object_dtype,
                               pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
+from fastload.padding import PadCollate
 from fastload.rng import seed_transform_rng
 
 __all__ = ["BatchSource", "array_rows"]
@@ -79,6 +80,8 @@ class BatchSource:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.default_collate = collate_fn is default_collate
+        # pad_collate lays its batches out as default_collate does: into the buffer (a ring slot).
+        self._layout_collate = collate_fn.collate_into if type(collate_fn) is PadCollate else None
         self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
             and not iterable else None
         self._array_layouts: dict[int, BatchLayout] = {}
@@ -195,6 +198,8 @@ class BatchSource:
             layout, buffer = self._gather_arrays(rows, private_buffer)
         elif self.default_collate and fn_map_is_pristine():
             layout, buffer = collate_into(self._fetch(indices, kernel_batch), planned=self._planned)
+        elif self._layout_collate is not None:
+            layout, buffer = self._layout_collate(self._fetch(indices, kernel_batch))
         else:
             batch = self.collate_fn(self._fetch(indices, kernel_batch))
             # as_torch with a changed map: no layout says which leaves are data.
@@ -214,4 +219,6 @@ class BatchSource:
         data = self._fetch(indices, kernel_batch)
         if self.default_collate and fn_map_is_pristine():
             return collate_into(data, allocate, self._planned)[0]
+        if self._layout_collate is not None:
+            return self._layout_collate(data, allocate)[0]
         return pack_into(self.collate_fn(data), allocate)[0]
