@@ -129,8 +129,8 @@ def kill_after_handling(signum: int, seconds: float) -> None:
 
 def measure_padded_leaf(
     samples: list, path: tuple, dtype: np.dtype, trailing: tuple
-) -> tuple[list | None, npt.NDArray[np.int64] | None, int, int]:
-    """The leaves at ``path`` and their first-dimension lengths, or ``(None, None, i, reason)``."""
+) -> tuple[list | None, npt.NDArray[np.int64] | None, int, int, int]:
+    """``(leaves, lengths, longest, -1, COPY_OK)`` at ``path``, or ``(None, None, 0, i, reason)``."""
 
 def pad_rows(
     leaves: list, out: np.ndarray, padding: np.ndarray, mask: np.ndarray | None = None

@@ -41,7 +41,7 @@ def measure_padded_leaf(list samples, tuple path, cnp.dtype dtype, tuple trailin
 
     Each must be an ndarray of ``dtype`` (equivalent), with ``1 + len(trailing)``
     dimensions whose trailing ones equal ``trailing``.  Returns
-    ``(leaves, lengths, -1, COPY_OK)``, or ``(None, None, i, reason)`` for the
+    ``(leaves, lengths, longest, -1, COPY_OK)``, or ``(None, None, 0, i, reason)`` for the
     first sample that is not (COPY_BAD_TYPE: not an array of at least one
     dimension; COPY_BAD_SHAPE; COPY_BAD_DTYPE).  Walking the path may raise
     (a sample without the key): the caller names the sample.
@@ -61,24 +61,27 @@ def measure_padded_leaf(list samples, tuple path, cnp.dtype dtype, tuple trailin
     cdef object leaf
     cdef cnp.ndarray arr
     cdef cnp.npy_intp* got
+    cdef int64_t longest = 0
     for i in range(n):
         leaf = _walk(samples[i], path)
         if not cnp.PyArray_Check(leaf):
-            return None, None, i, COPY_BAD_TYPE
+            return None, None, 0, i, COPY_BAD_TYPE
         arr = <cnp.ndarray> leaf
         if cnp.PyArray_NDIM(arr) == 0:
-            return None, None, i, COPY_BAD_TYPE
+            return None, None, 0, i, COPY_BAD_TYPE
         if cnp.PyArray_NDIM(arr) != ndim:
-            return None, None, i, COPY_BAD_SHAPE
+            return None, None, 0, i, COPY_BAD_SHAPE
         got = cnp.PyArray_DIMS(arr)
         for d in range(1, ndim):
             if got[d] != want[d]:
-                return None, None, i, COPY_BAD_SHAPE
+                return None, None, 0, i, COPY_BAD_SHAPE
         if not cnp.PyArray_EquivTypes(<cnp.dtype> cnp.PyArray_DESCR(arr), dtype):
-            return None, None, i, COPY_BAD_DTYPE
+            return None, None, 0, i, COPY_BAD_DTYPE
         leaves[i] = leaf
         length_view[i] = got[0]
-    return leaves, lengths, -1, COPY_OK
+        if got[0] > longest:
+            longest = got[0]
+    return leaves, lengths, longest, -1, COPY_OK
 
 
 @cython.boundscheck(False)

@@ -123,10 +123,13 @@ class PadCollate:
               measured: dict, in_sequence: bool) -> Any:
         """``collate._plan_node`` with the array leaves padded; containers as it lays them out."""
         n = len(samples)
-        if isinstance(elem, np.ndarray) and elem.ndim >= 1 \
+        kind = type(elem)
+        if (kind is np.ndarray or isinstance(elem, np.ndarray)) and elem.ndim >= 1 \
                 and not is_string_or_object_dtype(elem.dtype):
             return self._plan_padded(elem, path, samples, measured)
-        if isinstance(elem, collections.abc.Mapping) and elem:
+        if kind is int or kind is float or kind is str:  # the common leaves, without the ABCs
+            return _plan_node(elem, path, n, length_checks, [], in_sequence)
+        if (kind is dict or isinstance(elem, collections.abc.Mapping)) and elem:
             node = MappingNode(elem, [])
             node.children = [self._plan(elem[key], path + (key,), samples, length_checks,
                                         measured, False) for key in node.keys]
@@ -135,7 +138,8 @@ class PadCollate:
             return NamedTupleNode(type(elem), [
                 self._plan(item, path + (i,), samples, length_checks, measured, True)
                 for i, item in enumerate(elem)])
-        if isinstance(elem, collections.abc.Sequence) and not isinstance(elem, (str, bytes)):
+        if kind is list or kind is tuple or (isinstance(elem, collections.abc.Sequence)
+                                             and not isinstance(elem, (str, bytes))):
             length_checks.append((path, len(elem)))
             children = [self._plan(item, path + (i,), samples, length_checks, measured, True)
                         for i, item in enumerate(elem)]
@@ -146,13 +150,12 @@ class PadCollate:
     def _plan_padded(self, elem: np.ndarray, path: tuple, samples: list, measured: dict) -> Any:
         trailing = elem.shape[1:]
         try:
-            leaves, lengths, index, code = _core.measure_padded_leaf(samples, path, elem.dtype,
-                                                                     trailing)
+            leaves, lengths, longest, index, code = _core.measure_padded_leaf(
+                samples, path, elem.dtype, trailing)
         except (KeyError, IndexError, TypeError) as exc:
             raise _walk_error(samples, path, exc) from exc
         if code != _core.COPY_OK:
             raise self._mismatch(samples, path, index, code, elem)
-        longest = int(lengths.max()) if lengths.shape[0] else 0
         multiple = self.pad_to_multiple_of
         if multiple is not None:
             longest = -(-longest // multiple) * multiple
