@@ -117,7 +117,9 @@ class BucketBatchSampler(Sampler[list[int]]):
     ``len(batch) * max(lengths in batch) <= max_tokens`` (a sample longer than
     ``max_tokens`` is a ValueError at construction, naming it).  Without
     ``max_tokens`` at most one batch per epoch is short (none with
-    ``drop_last``).
+    ``drop_last``).  ``drop_last`` leaves out the last ``len(lengths) %
+    batch_size`` indices of the epoch's order, with or without
+    ``max_tokens`` (token-budget batches are short by design).
 
     ``generator``: None, an int seed, a ``numpy.random.Generator`` or a
     ``torch.Generator``, as fastload's other samplers take it.  Sharded (more

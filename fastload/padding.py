@@ -27,8 +27,9 @@ import numpy as np
 from fastload import _core
 from fastload.collate import (ArraySlot, BatchLayout, MappingNode, NamedTupleNode, SequenceNode,
                               Value, _check_lengths, _fill_leaf, _fill_value, _first_sample,
-                              _plan_node, _sample_list, _walk_error, format_path,
-                              is_string_or_object_dtype, private_buffer)
+                              _is_plain_torch_tensor, _plan_node, _sample_list, _walk_error,
+                              format_path, is_string_or_object_dtype, private_buffer,
+                              tensor_as_numpy)
 
 __all__ = ["Padded", "PadCollate", "pad_collate"]
 
@@ -103,12 +104,17 @@ class PadCollate:
             return BatchLayout(Value(samples)), allocate(0)
         if type(samples) is not list:
             samples = _sample_list(samples, first)
-        measured: dict[int, tuple[list, np.ndarray]] = {}
+        measured: dict[Any, Any] = {"tensors": []}
         length_checks: list = []
         layout = BatchLayout(self._plan(first, (), samples, length_checks, measured, False),
                              length_checks)
         _check_lengths(samples, layout)
         leaves = layout.leaves()
+        if measured["tensors"]:
+            # Samples that hold tensors make a batch of tensors, as default_collate's.
+            for leaf in leaves:
+                if isinstance(leaf, ArraySlot):
+                    leaf.as_torch = True
         while True:
             layout.assign_offsets()
             buffer = allocate(layout.nbytes)
@@ -129,6 +135,9 @@ class PadCollate:
             return self._plan_padded(elem, path, samples, measured)
         if kind is int or kind is float or kind is str:  # the common leaves, without the ABCs
             return _plan_node(elem, path, n, length_checks, [], in_sequence)
+        if _is_plain_torch_tensor(elem) and elem.dim() >= 1 and _paddable_tensor(elem):
+            measured["tensors"].append(path)
+            return self._plan_padded(elem, path, samples, measured)
         if (kind is dict or isinstance(elem, collections.abc.Mapping)) and elem:
             node = MappingNode(elem, [])
             node.children = [self._plan(elem[key], path + (key,), samples, length_checks,
@@ -144,18 +153,23 @@ class PadCollate:
             children = [self._plan(item, path + (i,), samples, length_checks, measured, True)
                         for i, item in enumerate(elem)]
             return SequenceNode(None if isinstance(elem, tuple) else type(elem), children)
-        # Numbers, strings, 0-d arrays, tensors, empty mappings: as default_collate.
-        return _plan_node(elem, path, n, length_checks, [], in_sequence)
+        # Numbers, strings, 0-d arrays and tensors, empty mappings: as default_collate.
+        return _plan_node(elem, path, n, length_checks, measured["tensors"], in_sequence)
 
-    def _plan_padded(self, elem: np.ndarray, path: tuple, samples: list, measured: dict) -> Any:
+    def _plan_padded(self, elem: Any, path: tuple, samples: list, measured: dict) -> Any:
+        if isinstance(elem, np.ndarray):
+            source, where = samples, path
+        else:  # a tensor: every sample's, as arrays sharing its memory
+            source, where = [(array,) for array in _tensor_arrays(samples, path)], (0,)
+            elem = source[0][0]
         trailing = elem.shape[1:]
         try:
             leaves, lengths, longest, index, code = _core.measure_padded_leaf(
-                samples, path, elem.dtype, trailing)
+                source, where, elem.dtype, trailing)
         except (KeyError, IndexError, TypeError) as exc:
             raise _walk_error(samples, path, exc) from exc
         if code != _core.COPY_OK:
-            raise self._mismatch(samples, path, index, code, elem)
+            raise self._mismatch(source, where, path, index, code, elem)
         multiple = self.pad_to_multiple_of
         if multiple is not None:
             longest = -(-longest // multiple) * multiple
@@ -172,9 +186,9 @@ class PadCollate:
         return NamedTupleNode(Padded, [values, lengths_leaf, mask_leaf])
 
     @staticmethod
-    def _mismatch(samples: list, path: tuple, index: int, code: int, first: np.ndarray
-                  ) -> Exception:
-        leaf = _core.collect_leaf_objects(samples, path)[index]
+    def _mismatch(source: list, where: tuple, path: tuple, index: int, code: int,
+                  first: np.ndarray) -> Exception:
+        leaf = _core.collect_leaf_objects(source, where)[index]
         where, head = format_path(path, index), format_path(path, 0)
         if code == _core.COPY_BAD_TYPE:
             kind = "a 0-d array" if isinstance(leaf, np.ndarray) else type(leaf).__name__
@@ -221,20 +235,54 @@ class PadCollate:
         return True
 
 
+def _paddable_tensor(tensor: Any) -> bool:
+    """A tensor whose bytes are all it is (else it is stacked as default_collate stacks it)."""
+    return tensor.device.type == "cpu" and not tensor.requires_grad and not tensor.is_nested \
+        and not tensor.is_quantized and str(tensor.layout) == "torch.strided"
+
+
+def _tensor_arrays(samples: list, path: tuple) -> list:
+    """The tensors at ``path`` of every sample as ndarrays (sharing their memory)."""
+    try:
+        values = _core.collect_leaf_objects(samples, path)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise _walk_error(samples, path, exc) from exc
+    arrays = []
+    for i, value in enumerate(values):
+        if not _is_plain_torch_tensor(value):
+            raise TypeError(f"pad_collate: {format_path(path, i)} is {type(value).__name__}, "
+                            f"but {format_path(path, 0)} is a tensor: every sample must have "
+                            f"the structure of the first")
+        if not _paddable_tensor(value):
+            raise TypeError(f"pad_collate: {format_path(path, i)} is a tensor that is more "
+                            f"than its bytes (on {value.device}, requires_grad, nested, "
+                            f"quantized or sparse), which pad_collate cannot pad")
+        array = tensor_as_numpy(value)
+        if array.dtype.metadata:
+            raise TypeError(f"pad_collate: {format_path(path, i)} is a {value.dtype} tensor, "
+                            f"which numpy has no dtype for: pad tensors of numpy's dtypes "
+                            f"(e.g. tensor.float())")
+        arrays.append(array)
+    return arrays
+
+
 def pad_collate(padding_value: Any = 0, pad_to_multiple_of: int | None = None,
                 return_lengths: bool = True, return_mask: bool = False) -> PadCollate:
     """A collate function that pads variable-length arrays to the batch's longest.
 
     The batch is ``default_collate``'s, with one difference: every numpy
     array leaf with at least one dimension (at any depth of dicts, tuples,
-    lists, namedtuples) may differ from sample to sample in its first
-    dimension; it is padded at the end of that dimension to the batch's
+    lists, namedtuples), and every CPU torch tensor leaf likewise, may differ
+    from sample to sample in its first dimension; it is padded at the end of that dimension to the batch's
     longest ``L`` (rounded up to a multiple of ``pad_to_multiple_of``) with
     ``padding_value``.  Its other dimensions and its dtype must match across
     the batch (else an error naming the batch path, e.g.
     ``batch[3]['ids']``).  Numbers, strings, 0-d arrays and the rest collate
     as ``default_collate`` collates them.  Python lists are containers, as in
     ``default_collate``, not sequences to pad: give token ids as arrays.
+    Samples holding tensors give a batch of tensors (lengths and mask too),
+    as ``default_collate`` does; a tensor numpy has no dtype for (bfloat16)
+    is refused.
 
     Each padded leaf becomes, in place of the stacked array:
 

@@ -302,3 +302,44 @@ def test_output_torch_gives_tensors_sharing_the_batch(torch):
     assert batch["ids"].mask.dtype == torch.bool
     np.testing.assert_array_equal(batch["ids"].values.numpy(),
                                   dataset.reference(range(4))["ids"][0])
+
+
+class TensorSequences(fl.Dataset):
+    """torch-style samples: ``(int64 tensor of lengths[i] entries, float tensor (lengths[i], 2), i)``."""
+
+    def __init__(self, lengths):
+        self.lengths = list(lengths)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        import torch
+
+        n = self.lengths[i]
+        return torch.arange(i, i + n), torch.full((n, 2), float(i)), i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tensor_samples_are_padded_into_a_batch_of_tensors(torch, workers):
+    dataset = TensorSequences([4, 0, 9, 2, 5, 5, 1, 3])
+    loader = DataLoader(dataset, batch_size=4, num_workers=workers,
+                        collate_fn=pad_collate(padding_value=-1, return_mask=True))
+    for batch in loader:
+        ids, frames, index = batch
+        assert isinstance(index, torch.Tensor)
+        samples = [dataset[i] for i in index.tolist()]
+        for got, k in ((ids, 0), (frames, 1)):
+            assert isinstance(got.values, torch.Tensor) and isinstance(got.mask, torch.Tensor)
+            assert got.values.dtype == samples[0][k].dtype
+            values, lengths, mask = reference_pad([s[k].numpy() for s in samples], -1)
+            np.testing.assert_array_equal(got.values.numpy(), values)
+            np.testing.assert_array_equal(got.lengths.numpy(), lengths)
+            np.testing.assert_array_equal(got.mask.numpy(), mask)
+
+
+def test_tensors_numpy_has_no_dtype_for_are_refused(torch):
+    with pytest.raises(TypeError, match=r"batch\[0\]\[0\] is a torch.bfloat16 tensor"):
+        pad_collate()([(torch.zeros(3, dtype=torch.bfloat16),)])
+    with pytest.raises(TypeError, match=r"batch\[1\]\[0\] is ndarray, but batch\[0\]\[0\] is a tensor"):
+        pad_collate()([(torch.zeros(3),), (np.zeros(3),)])
