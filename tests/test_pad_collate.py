@@ -343,3 +343,12 @@ def test_tensors_numpy_has_no_dtype_for_are_refused(torch):
         pad_collate()([(torch.zeros(3, dtype=torch.bfloat16),)])
     with pytest.raises(TypeError, match=r"batch\[1\]\[0\] is ndarray, but batch\[0\]\[0\] is a tensor"):
         pad_collate()([(torch.zeros(3),), (np.zeros(3),)])
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_the_collate_function_travels_to_spawned_workers(context):
+    dataset = RaggedDataset([6, 2, 9, 4, 1, 7])
+    loader = DataLoader(dataset, batch_size=3, num_workers=2, multiprocessing_context=context,
+                        collate_fn=pad_collate(padding_value=-5, return_mask=True))
+    for batch in loader:
+        check_batch(batch, dataset, padding_value=-5)
