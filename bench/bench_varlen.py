@@ -16,6 +16,9 @@ Each round is a fresh child process that imports only its own library and loads
 ``--epochs`` epochs; samples/s is the median over rounds of each round's best epoch
 after the first, the rounds alternating fastload, torch, fastload, ...  *Waste* is
 the share of padding in the padded batches (padding / all tokens of the batches).
+*CPU per batch* is the child's CPU time (user + system, its workers included, once
+reaped) over all its epochs, divided by the batches: what a batch costs the machine,
+which a loaded machine changes far less than it changes the rates.
 
     python bench/bench_varlen.py --rounds 3 --epochs 2
 """
@@ -23,6 +26,7 @@ the share of padding in the padded batches (padding / all tokens of the batches)
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -101,8 +105,9 @@ def torch_loader(dataset: Sequences):
 
 def child(library: str, epochs: int) -> None:
     dataset = Sequences(make_lengths())
+    start_times = os.times()
     loader, counts = (fastload_loader if library == "fastload" else torch_loader)(dataset)
-    rates, padded_total, real_total = [], 0, 0
+    rates, padded_total, real_total, batches = [], 0, 0, 0
     for epoch in range(epochs):
         if hasattr(loader.batch_sampler, "set_epoch"):
             loader.batch_sampler.set_epoch(epoch)
@@ -113,8 +118,14 @@ def child(library: str, epochs: int) -> None:
             padded_total += padded
             real_total += real
             samples += count
+            batches += 1
         rates.append(samples / (time.perf_counter() - start))
-    print(json.dumps({"rates": rates, "waste": 1 - real_total / padded_total}))
+    del loader, batch
+    gc.collect()  # the last epoch's workers are reaped, so os.times() counts them
+    end_times = os.times()
+    cpu = sum(end_times[i] - start_times[i] for i in range(4))  # user, system; self, children
+    print(json.dumps({"rates": rates, "waste": 1 - real_total / padded_total,
+                      "cpu_us_per_batch": cpu / batches * 1e6}))
 
 
 def run_round(library: str, epochs: int) -> dict:
@@ -145,14 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     rate = {lib: statistics.median(max(r["rates"][1:]) for r in runs)
             for lib, runs in results.items()}
     waste = {lib: statistics.median(r["waste"] for r in runs) for lib, runs in results.items()}
+    cpu = {lib: statistics.median(r["cpu_us_per_batch"] for r in runs)
+           for lib, runs in results.items()}
     print()
-    print("| loader | samples/s | padded-token waste |")
-    print("|---|---:|---:|")
+    print("| loader | samples/s | CPU per batch (us) | padded-token waste |")
+    print("|---|---:|---:|---:|")
     print(f"| fastload BucketBatchSampler + pad_collate | {rate['fastload']:,.0f} | "
-          f"{waste['fastload']:.1%} |")
+          f"{cpu['fastload']:,.0f} | {waste['fastload']:.1%} |")
     print(f"| torch random batches + pad_sequence collate | {rate['torch']:,.0f} | "
-          f"{waste['torch']:.1%} |")
-    print(f"\nfastload / torch: **{rate['fastload'] / rate['torch']:.2f}x** "
+          f"{cpu['torch']:,.0f} | {waste['torch']:.1%} |")
+    print(f"\nfastload / torch: **{rate['fastload'] / rate['torch']:.2f}x** samples/s, "
+          f"{cpu['torch'] / cpu['fastload']:.2f}x less CPU per batch "
           f"({os.cpu_count()} CPUs, {args.rounds} rounds of {args.epochs} epochs)")
     return 0
 
