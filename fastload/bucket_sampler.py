@@ -29,6 +29,7 @@ saved), and ranks given the same ``generator`` build the same batch list.
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -85,13 +86,12 @@ def _replicas(num_replicas: Any, rank: Any) -> tuple[int, int]:
     that with neither given and no process group or ``WORLD_SIZE``/``RANK``
     environment, the sampler is not sharded (one replica)."""
     group = _initialized_group() if num_replicas is None or rank is None else None
-    if num_replicas is None and rank is None and group is None:
-        import os
-
-        if "WORLD_SIZE" not in os.environ and "RANK" not in os.environ:
-            return 1, 0
+    if num_replicas is None and rank is None and group is None \
+            and "WORLD_SIZE" not in os.environ and "RANK" not in os.environ:
+        return 1, 0
     if num_replicas is None:
-        num_replicas = group.get_world_size() if group is not None else _from_environment("WORLD_SIZE")
+        num_replicas = group.get_world_size() if group is not None \
+            else _from_environment("WORLD_SIZE")
     if rank is None:
         rank = group.get_rank() if group is not None else _from_environment("RANK")
     for name, value in (("num_replicas", num_replicas), ("rank", rank)):

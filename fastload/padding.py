@@ -273,11 +273,13 @@ def pad_collate(padding_value: Any = 0, pad_to_multiple_of: int | None = None,
     The batch is ``default_collate``'s, with one difference: every numpy
     array leaf with at least one dimension (at any depth of dicts, tuples,
     lists, namedtuples), and every CPU torch tensor leaf likewise, may differ
-    from sample to sample in its first dimension; it is padded at the end of that dimension to the batch's
-    longest ``L`` (rounded up to a multiple of ``pad_to_multiple_of``) with
-    ``padding_value``.  Its other dimensions and its dtype must match across
-    the batch (else an error naming the batch path, e.g.
-    ``batch[3]['ids']``).  Numbers, strings, 0-d arrays and the rest collate
+    from sample to sample in its first dimension; it is padded at the end of
+    that dimension to the batch's longest ``L`` (rounded up to a multiple of
+    ``pad_to_multiple_of``) with ``padding_value``.  Its other dimensions and
+    its dtype must match across the batch (else an error naming the batch
+    path, e.g. ``batch[3]['ids']``).  Fixed-size arrays are padded leaves too
+    (their lengths are then all equal): the structure of a batch does not
+    depend on its contents.  Numbers, strings, 0-d arrays and the rest collate
     as ``default_collate`` collates them.  Python lists are containers, as in
     ``default_collate``, not sequences to pad: give token ids as arrays.
     Samples holding tensors give a batch of tensors (lengths and mask too),

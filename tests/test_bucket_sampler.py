@@ -279,7 +279,8 @@ def test_a_bad_batch_size_is_refused_as_torch_refuses_it(torch, batch_size):
     (dict(shuffle="yes"), ValueError, "shuffle should be a boolean value"),
     (dict(bucket_size_multiplier=0), ValueError, "bucket_size_multiplier should be a positive"),
     (dict(max_tokens=0), ValueError, "max_tokens should be a positive"),
-    (dict(num_replicas=2, rank=2), ValueError, r"Invalid rank 2, rank should be in the interval \[0, 1\]"),
+    (dict(num_replicas=2, rank=2), ValueError,
+     r"Invalid rank 2, rank should be in the interval \[0, 1\]"),
     (dict(num_replicas=0, rank=0), ValueError, "num_replicas should be a positive"),
     (dict(generator="seed"), TypeError, "generator must be"),
 ])

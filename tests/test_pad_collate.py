@@ -305,7 +305,8 @@ def test_output_torch_gives_tensors_sharing_the_batch(torch):
 
 
 class TensorSequences(fl.Dataset):
-    """torch-style samples: ``(int64 tensor of lengths[i] entries, float tensor (lengths[i], 2), i)``."""
+    """torch-style samples: ``(int64 tensor of lengths[i] entries, float tensor
+    (lengths[i], 2), i)``."""
 
     def __init__(self, lengths):
         self.lengths = list(lengths)
@@ -341,7 +342,8 @@ def test_tensor_samples_are_padded_into_a_batch_of_tensors(torch, workers):
 def test_tensors_numpy_has_no_dtype_for_are_refused(torch):
     with pytest.raises(TypeError, match=r"batch\[0\]\[0\] is a torch.bfloat16 tensor"):
         pad_collate()([(torch.zeros(3, dtype=torch.bfloat16),)])
-    with pytest.raises(TypeError, match=r"batch\[1\]\[0\] is ndarray, but batch\[0\]\[0\] is a tensor"):
+    with pytest.raises(TypeError,
+                       match=r"batch\[1\]\[0\] is ndarray, but batch\[0\]\[0\] is a tensor"):
         pad_collate()([(torch.zeros(3),), (np.zeros(3),)])
 
 
