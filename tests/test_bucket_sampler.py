@@ -247,6 +247,27 @@ def test_ranks_get_as_many_batches_and_disjoint_ones(drop_last, max_tokens):
     assert batches[1][:3] == whole[1:1 + 3 * replicas:replicas]
 
 
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), max_size=200), batch_size=st.integers(1, 9),
+       replicas=st.integers(1, 5), drop_last=st.booleans(), budget=st.booleans(),
+       seed=st.integers(0, 2**32))
+def test_every_rank_has_len_batches_and_together_they_cover_the_epoch(
+        lengths, batch_size, replicas, drop_last, budget, seed):
+    max_tokens = max(lengths, default=0) * 3 + 1 if budget else None
+    shares = [BucketBatchSampler(lengths, batch_size, drop_last=drop_last, max_tokens=max_tokens,
+                                 generator=seed, num_replicas=replicas, rank=rank)
+              for rank in range(replicas)]
+    counts = [len(share) for share in shares]
+    batches = [list(share) for share in shares]
+    assert [len(b) for b in batches] == counts and len(set(counts)) == 1
+    whole = list(BucketBatchSampler(lengths, batch_size, drop_last=drop_last,
+                                    max_tokens=max_tokens, generator=seed))
+    flat = [tuple(batch) for rank in batches for batch in rank]
+    assert set(flat) <= {tuple(b) for b in whole}
+    if not drop_last:
+        assert {i for batch in flat for i in batch} == set(range(len(lengths)))
+
+
 def test_replicas_default_from_the_environment(monkeypatch):
     lengths = lognormal_lengths(400)
     assert BucketBatchSampler(lengths, 8).num_replicas == 1
