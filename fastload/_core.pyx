@@ -23,10 +23,10 @@ extension module so the kernels share a single import:
 
 include "_random.pxi"
 include "_copy.pxi"
+include "_pad.pxi"
+include "_buckets.pxi"
 include "_resample.pxi"
 include "_text.pxi"
 include "_plan_key.pxi"
 include "_views.pxi"
 include "_termination.pxi"
-include "_pad.pxi"
-include "_buckets.pxi"

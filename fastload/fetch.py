@@ -80,14 +80,14 @@ class BatchSource:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.default_collate = collate_fn is default_collate
-        # pad_collate lays its batches out as default_collate does: into the buffer (a ring slot).
-        self._layout_collate = collate_fn.collate_into if type(collate_fn) is PadCollate else None
         self._arrays = array_rows(dataset) if auto_collation and self.default_collate \
             and not iterable else None
         self._array_layouts: dict[int, BatchLayout] = {}
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
+        # pad_collate lays its batches out as default_collate does: into the buffer (a ring slot).
+        self._layout_collate = collate_fn.collate_into if type(collate_fn) is PadCollate else None
         # output="torch" in the main process: collated batches are built as tensors.
         self.as_torch = False
         self._base_seed = 0
