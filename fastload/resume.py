@@ -247,6 +247,10 @@ def _resumed_length(loader: Any, state: dict, sources: list) -> int | None:
     (``BucketBatchSampler`` with ``max_tokens``: ``_length_from_draws``) is
     asked with the state's streams and epoch in place, then put back.
     """
+    if getattr(loader, "_iterable", False):
+        # An IterableDataset's len() is not asked: torch's loader remembers it
+        # (for its warning), and a stream's batches are counted by the dataset part.
+        return None
     sampler = loader.batch_sampler
     if not getattr(sampler, "_length_from_draws", False):
         try:
