@@ -23,8 +23,9 @@ from fastload.collate import default_collate, default_convert
 from fastload.dataloader import DataLoader
 from fastload.dataset import (ArrayDataset, ChainDataset, ConcatDataset, Dataset, IterableDataset,
                               StackDataset, Subset, random_split)
-from fastload.sampler import (BatchSampler, DistributedSampler, RandomSampler, Sampler,
-                              SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
+from fastload.sampler import (BatchSampler, BucketBatchSampler, DistributedSampler, RandomSampler,
+                              Sampler, SequentialSampler, SubsetRandomSampler,
+                              WeightedRandomSampler)
 from fastload.worker import WorkerInfo, get_worker_info
 
 # A submodule, as torch.utils.data.distributed is after `import torch.utils.data`.
@@ -36,6 +37,6 @@ __all__ = [
     "Dataset", "IterableDataset", "ArrayDataset", "ConcatDataset", "ChainDataset", "Subset",
     "StackDataset", "random_split",
     "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
-    "WeightedRandomSampler", "BatchSampler", "DistributedSampler",
+    "WeightedRandomSampler", "BatchSampler", "BucketBatchSampler", "DistributedSampler",
     "DataLoader", "default_collate", "default_convert", "get_worker_info", "WorkerInfo",
 ]

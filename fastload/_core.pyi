@@ -132,3 +132,22 @@ def slot_view(buffer: npt.NDArray[np.uint8], dtype: np.dtype, shape: tuple[int, 
 
 def kill_after_handling(signum: int, seconds: float) -> None:
     """Make ``signum`` also arm a SIGKILL ``seconds`` later, around the handler installed now."""
+
+# --- padding variable-length leaves (_pad.pxi) ---
+
+def measure_padded_leaf(
+    samples: list, path: tuple, dtype: np.dtype, trailing: tuple
+) -> tuple[list | None, npt.NDArray[np.int64] | None, int, int, int]:
+    """``(leaves, lengths, longest, -1, COPY_OK)`` at ``path``, or ``(None, None, 0, i, reason)``."""
+
+def pad_rows(
+    leaves: list, out: np.ndarray, padding: np.ndarray, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """Each leaf's rows at the head of its row of ``out``, the rest ``padding``; the mask too."""
+
+# --- token-budget batches (_buckets.pxi) ---
+
+def token_batch_starts(
+    sorted_lengths: npt.NDArray[np.int64], chunk: int, batch_size: int, max_tokens: int
+) -> npt.NDArray[np.int64]:
+    """Where each greedy batch starts in chunk-wise ascending ``sorted_lengths``."""

@@ -14,6 +14,9 @@ extension module so the kernels share a single import:
 * ``_plan_key.pxi``: the key under which a batch's planned layout is kept.
 * ``_views.pxi``: zero-copy arrays over a ring slot, for the batches the
   main process hands out.
+* ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate).
+* ``_buckets.pxi``: length-sorted samples packed into batches by a token
+  budget (BucketBatchSampler).
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
   signal handler: CPython's run only between bytecodes).
 * ``_image_rows.pxi``: whole batches of in-memory images (MNIST, CIFAR) as
@@ -22,6 +25,8 @@ extension module so the kernels share a single import:
 
 include "_random.pxi"
 include "_copy.pxi"
+include "_pad.pxi"
+include "_buckets.pxi"
 include "_resample.pxi"
 include "_text.pxi"
 include "_plan_key.pxi"

@@ -55,6 +55,8 @@ __all__ = [
     "is_string_or_object_dtype",
     "pack_into",
     "to_torch",
+    "pad_collate",
+    "Padded",
 ]
 
 # numpy dtypes default_collate refuses, as torch does: strings, bytes, objects.
@@ -1627,3 +1629,8 @@ def to_torch(data: Any) -> Any:
         return value
 
     return _convert_containers(data, leaf, tuples_as_lists=False)
+
+
+# Padding collation lives in its own module, built on this one's layout machinery;
+# imported last so that it finds every name here defined.
+from fastload.padding import Padded, pad_collate  # noqa: E402

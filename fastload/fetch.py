@@ -35,6 +35,7 @@ from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNo
                               default_collate, fn_map_is_pristine, is_string_or_object_dtype,
                               pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
+from fastload.padding import PadCollate
 from fastload.rng import seed_transform_rng
 
 __all__ = ["BatchSource", "array_rows", "whole_batch_rows"]
@@ -118,6 +119,8 @@ class BatchSource:
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
+        # pad_collate lays its batches out as default_collate does: into the buffer (a ring slot).
+        self._layout_collate = collate_fn.collate_into if type(collate_fn) is PadCollate else None
         # output="torch" in the main process: collated batches are built as tensors.
         self.as_torch = False
         self._base_seed = 0
@@ -265,6 +268,8 @@ class BatchSource:
             layout, buffer = gathered
         elif self.default_collate and fn_map_is_pristine():
             layout, buffer = collate_into(self._fetch(indices, kernel_batch), planned=self._planned)
+        elif self._layout_collate is not None:
+            layout, buffer = self._layout_collate(self._fetch(indices, kernel_batch))
         else:
             batch = self.collate_fn(self._fetch(indices, kernel_batch))
             # as_torch with a changed map: no layout says which leaves are data.
@@ -285,4 +290,6 @@ class BatchSource:
         data = self._fetch(indices, kernel_batch)
         if self.default_collate and fn_map_is_pristine():
             return collate_into(data, allocate, self._planned)[0]
+        if self._layout_collate is not None:
+            return self._layout_collate(data, allocate)[0]
         return pack_into(self.collate_fn(data), allocate)[0]

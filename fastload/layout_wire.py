@@ -69,8 +69,13 @@ from fastload.collate import BatchLayout
 __all__ = ["LayoutSender", "LayoutReceiver", "dumps_task"]
 
 # A worker remembers at most this many layouts; past that (batches whose
-# shapes keep changing) a layout travels whole and is not kept.
-_MAX_LAYOUTS = 64
+# shapes keep changing) a layout travels whole and is not kept.  Padded
+# batches (pad_collate) have one layout per padded length: a bucketed epoch
+# of lognormal lengths up to 2,000 gives a worker about 300, so 256 keeps
+# nearly all of them (the main process then unpickles a layout for a third
+# of the batches instead of nearly all), while a loader of 64 workers holds
+# at most some 16 MiB of them.
+_MAX_LAYOUTS = 256
 _NOT_KEPT = -1
 
 

@@ -119,7 +119,11 @@ def describe(loader: Any) -> dict:
 # The arguments torch's samplers and fastload's share that shape an epoch's
 # batches (seeds and generators are the state itself, restored, not compared).
 _SAMPLER_SETTINGS = ("batch_size", "drop_last", "replacement", "num_samples", "num_replicas",
-                     "rank", "shuffle", "seed")
+                     "rank", "shuffle", "seed", "bucket_size_multiplier", "max_tokens")
+
+# fastload's samplers (BucketBatchSampler lives in a module of its own): their
+# order is saved (seed streams, epoch) and their contents are what they were built with.
+_OWN_SAMPLER_MODULES = ("fastload.sampler", "fastload.bucket_sampler")
 
 
 def _sampler_settings(loader: Any) -> dict:
@@ -138,7 +142,10 @@ def _sampler_settings(loader: Any) -> dict:
             elif isinstance(value, numbers.Integral):
                 entry[name] = int(value)
         try:
-            entry["length"] = len(sampler)  # e.g. SubsetRandomSampler's indices
+            # e.g. SubsetRandomSampler's indices; not a length that follows the
+            # epoch's draws (BucketBatchSampler's with max_tokens: _resumed_length).
+            if not getattr(sampler, "_length_from_draws", False):
+                entry["length"] = len(sampler)
         except Exception:
             pass
         for name, values in _sampler_contents(sampler):
@@ -149,7 +156,7 @@ def _sampler_settings(loader: Any) -> dict:
     return settings
 
 
-_CONTENTS = ("indices", "weights")
+_CONTENTS = ("indices", "weights", "lengths")
 
 
 def _sampler_contents(sampler: Any) -> list[tuple[str, Any]]:
@@ -162,7 +169,7 @@ def _sampler_contents(sampler: Any) -> list[tuple[str, Any]]:
     """
     if isinstance(sampler, (list, tuple, range, np.ndarray)):
         return [("indices", sampler)]
-    if type(sampler).__module__ not in ("fastload.sampler", "torch.utils.data.sampler"):
+    if type(sampler).__module__ not in (*_OWN_SAMPLER_MODULES, "torch.utils.data.sampler"):
         return []
     contents = [(name, getattr(sampler, name, None)) for name in _CONTENTS]
     return [(name, values) for name, values in contents if values is not None]
@@ -264,12 +271,7 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
         raise ValueError(f"DataLoader state_dict: batches_yielded={handed!r} and "
                          f"yielded_after={after!r} must be batch numbers (ints >= 0), the "
                          f"second all above the first")
-    try:
-        # An IterableDataset's len() is not asked: torch's loader remembers it
-        # (for its warning), and a stream's batches are counted by the dataset part.
-        batches = None if loader._iterable else len(loader)
-    except TypeError:
-        batches = None
+    batches = _resumed_length(loader, state, sources)
     if batches is not None and max([handed - 1, *after]) >= batches:
         raise ValueError(f"DataLoader state_dict: batch {max([handed - 1, *after])} was handed "
                          f"out, but this loader has {batches} batches an epoch")
@@ -284,6 +286,40 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
         finally:
             source.set_state(old)
     return state
+
+
+def _resumed_length(loader: Any, state: dict, sources: list) -> int | None:
+    """``len(loader)`` for the epoch ``state`` resumes (None without a length).
+
+    A batch sampler whose number of batches depends on the epoch's draws
+    (``BucketBatchSampler`` with ``max_tokens``: ``_length_from_draws``) is
+    asked with the state's streams and epoch in place, then put back.
+    """
+    if getattr(loader, "_iterable", False):
+        # An IterableDataset's len() is not asked: torch's loader remembers it
+        # (for its warning), and a stream's batches are counted by the dataset part.
+        return None
+    sampler = loader.batch_sampler
+    if not getattr(sampler, "_length_from_draws", False):
+        try:
+            return len(loader)
+        except TypeError:
+            return None
+    olds = [source.get_state() for source in sources]
+    old_epoch = getattr(sampler, "epoch", None)
+    try:
+        for source, new in zip(sources, state["rng_states"]):
+            source.set_state(new)
+        if state["sampler_epoch"] is not None:
+            sampler.set_epoch(state["sampler_epoch"])
+        return len(loader)
+    except Exception:
+        return None  # a state that does not fit is refused below, with its reason
+    finally:
+        for source, old in zip(sources, olds):
+            source.set_state(old)
+        if old_epoch is not None:
+            sampler.set_epoch(old_epoch)
 
 
 def _is_count(value: Any) -> bool:
@@ -301,7 +337,7 @@ def warn_if_order_unknown(loader: Any) -> None:
         return
     source = chain[0]
     # torch's DistributedSampler draws from its seed and epoch (a state keeps the epoch).
-    if type(source).__module__ == "fastload.sampler" \
+    if type(source).__module__ in _OWN_SAMPLER_MODULES \
             or _is_torch_class(source, "torch.utils.data.sampler", "SequentialSampler") \
             or _is_torch_class(source, "torch.utils.data.distributed", "DistributedSampler") \
             or torch_generator_of(source) is not None \

@@ -683,6 +683,10 @@ class SlotWriter:
         self._mapped: dict[int, Segment] = dict(inherited or {})
         # Inherited mappings have no page mapped in this process yet.
         self._to_prefault: set[int] = set(self._mapped)
+        # The most bytes a batch of this worker has needed: a slot made or regrown
+        # gets at least that, so batches of varying size (padded ones) settle all
+        # slots at the largest instead of regrowing each slot record by record.
+        self.largest = 0
 
     def forget(self, slot_id: int, name: str) -> None:
         segment = self._mapped.get(slot_id)
@@ -725,7 +729,10 @@ class _TaskAllocation:
                 writer._to_prefault.discard(info.slot_id)
                 segment.prefault()
             return segment.array
-        size = nbytes if info.name is None else nbytes + nbytes // _GROWTH_HEADROOM
+        writer = self.writer
+        writer.largest = max(writer.largest, nbytes)
+        size = writer.largest if info.name is None \
+            else writer.largest + writer.largest // _GROWTH_HEADROOM
         size = max(_PAGE, (size + _PAGE - 1) // _PAGE * _PAGE)
         self.created = Segment(info.next_name, size, create=True, populate=True)
         self.writer._mapped[info.slot_id] = self.created

@@ -41,6 +41,7 @@ from fastload.rng import SeedSource
 
 __all__ = [
     "BatchSampler",
+    "BucketBatchSampler",
     "DistributedSampler",
     "RandomSampler",
     "Sampler",
@@ -651,3 +652,8 @@ class DistributedSampler(Sampler[_T_co]):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch, so that shuffling differs between epochs (same on all ranks)."""
         self.epoch = epoch
+
+
+# Its own module (one concept), re-exported here beside the other samplers; imported
+# last because it builds on this module's Sampler and replica defaults.
+from fastload.bucket_sampler import BucketBatchSampler  # noqa: E402

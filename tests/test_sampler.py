@@ -646,7 +646,8 @@ def test_sequential_and_distributed_have_epoch_indices():
 
 def test_all_exported():
     assert set(fs.__all__) == {"Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
-                               "WeightedRandomSampler", "BatchSampler", "DistributedSampler"}
+                               "WeightedRandomSampler", "BatchSampler", "DistributedSampler",
+                               "BucketBatchSampler"}
     with pytest.raises(NotImplementedError):
         iter(fs.Sampler())
 
