@@ -29,6 +29,7 @@ import multiprocessing.util
 import numbers
 import os
 import sys
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Generic, Iterator, NoReturn, TypeVar
@@ -41,7 +42,7 @@ from fastload.fetch import BatchSource
 from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
-from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
+from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
 from fastload.ring import Ring, SpareSlots, unlink_prefixed
@@ -586,6 +587,22 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
     _teardowns_due.pop(ring, None)
 
 
+def _drop_worker_processes(processes: list) -> None:
+    """Let go of an iterator's ``_workers`` as it is collected, signals deferred.
+
+    A freed ``Process`` runs multiprocessing's finalizer, where a Ctrl-C would
+    be lost (NOTE [ Ctrl-C held over fork and teardown ]); the pool drops its
+    own references under the same protection.
+    """
+    with signals_deferred():
+        processes.clear()
+
+
+# How long reading a finished iterator's ``_workers`` waits for its idle
+# workers to exit (they were told to; the pool stops any that outstay this).
+_WORKERS_EXIT_WAIT = 5.0
+
+
 # Iterators' teardowns not yet run to their end: ring -> (owner pid, its
 # finalizer, the pool).  A handler of the caller's that raises the moment a
 # finalizer starts, before ``signals_deferred`` holds the signals, ends the
@@ -736,6 +753,8 @@ class _MultiProcessIter(_BaseIter):
         _teardowns_due[self._ring] = (self.owner_pid, self._finalizer, self._pool)
         _tear_down_before_multiprocessing_exits()
         _worker_iterators.add(self)
+        self._worker_processes: list = []
+        weakref.finalize(self, _drop_worker_processes, self._worker_processes)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
@@ -744,6 +763,7 @@ class _MultiProcessIter(_BaseIter):
         except BaseException:
             self.shutdown()
             raise
+        self._worker_processes.extend(self._pool.processes)
 
     # -- epochs --------------------------------------------------------------
 
@@ -977,3 +997,21 @@ class _MultiProcessIter(_BaseIter):
     @property
     def worker_pids(self) -> list[int]:
         return self._pool.pids
+
+    @property
+    def _workers(self) -> list:
+        """torch's ``_workers``, which code that watches workers reads: the
+        worker ``Process`` objects in worker-id order, the same list every
+        epoch of persistent workers, kept after shutdown with their exit codes.
+
+        torch's shutdown joins its workers; at an epoch's end this one leaves
+        its idle workers to exit on their own (see ``_end_epoch``), so reading
+        the list of a finished iterator waits for them (bounded): each has its
+        exit code then, as torch's has.
+        """
+        if self.closed and self.inherited_from is None:
+            deadline = time.monotonic() + _WORKERS_EXIT_WAIT
+            for process in self._worker_processes:
+                while running(process) and time.monotonic() < deadline:
+                    process.join(timeout=0.05)
+        return self._worker_processes

@@ -1021,3 +1021,90 @@ def test_a_sampler_changed_between_iter_and_the_first_batch_applies_as_in_torch(
     torch_applies = epoch(torch.utils.data, late=True) == epoch(torch.utils.data, late=False)
     assert torch_applies == (batch_size is not None)
     assert (epoch(fl, late=True) == epoch(fl, late=False)) == torch_applies
+
+
+# -- the iterator's ``_workers``, which code that watches workers reads ------
+
+class _PidOfMaker:
+    """Sample i is the pid of the process that made it."""
+
+    def __init__(self, n=8):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+
+        return os.getpid()
+
+
+def _workers_seen(library, persistent):
+    """What code that watches workers sees of ``_workers`` over two epochs."""
+    import os
+
+    import psutil
+
+    loader = library.DataLoader(_PidOfMaker(), batch_size=2, num_workers=2,
+                                persistent_workers=persistent)
+    iterator = iter(loader)
+    workers = iterator._workers
+    first = next(iterator)
+    children = {child.pid for child in psutil.Process().children()}
+    seen = {
+        "running": (len(workers), [w.is_alive() for w in workers], [w.exitcode for w in workers],
+                    all(w.pid in children and w.pid != os.getpid() for w in workers)),
+        # Batch k comes from worker k % num_workers: the list is in worker-id order.
+        "in worker-id order": int(first[0]) == workers[0].pid
+        and int(next(iterator)[0]) == workers[1].pid,
+    }
+    list(iterator)
+    again = iter(loader)
+    seen["next epoch, same list"] = again is iterator and again._workers is workers
+    seen["after the epoch"] = (iterator._workers is workers, [w.exitcode for w in workers],
+                               [w.is_alive() for w in workers])
+    list(again)
+    again._shutdown_workers()
+    seen["after shutdown"] = [w.exitcode for w in again._workers]
+    return seen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_iterators_workers_are_torchs_list_of_processes(torch, no_leaks, persistent):
+    ours, theirs = _workers_seen(fl, persistent), _workers_seen(torch.utils.data, persistent)
+    assert ours == theirs
+    assert ours["running"] == (2, [True, True], [None, None], True)
+    assert ours["in worker-id order"]
+    assert ours["after shutdown"] == [0, 0]
+    if not persistent:  # torch's shutdown joins the workers of a finished epoch
+        assert ours["after the epoch"] == (True, [0, 0], [False, False])
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_worker_shows_in_workers_as_in_torch(torch, no_leaks):
+    import os
+    import signal
+
+    def killed(library):
+        iterator = iter(library.DataLoader(_PidOfMaker(40), batch_size=2, num_workers=2,
+                                           persistent_workers=True))
+        next(iterator)
+        victim = iterator._workers[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        # torch says "is killed by signal" or "exited unexpectedly", as its
+        # signal handler or its poll notices first.
+        with pytest.raises(RuntimeError, match=f"DataLoader worker \\(pid(\\(s\\))? {victim.pid}\\)"):
+            for _ in range(20):
+                next(iterator)
+        seen = (victim.is_alive(), victim.exitcode, iterator._workers[1] is victim)
+        iterator._shutdown_workers()
+        return seen
+
+    assert killed(fl) == killed(torch.utils.data) == (False, -signal.SIGKILL, True)
+
+
+def test_the_single_process_iterator_has_no_workers_as_torchs(torch):
+    assert not hasattr(iter(DataLoader(range(4))), "_workers")
+    assert not hasattr(iter(torch.utils.data.DataLoader(range(4))), "_workers")
