@@ -42,6 +42,7 @@ from fastload.fetch import BatchSource
 from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
+from fastload.pinning import pin_batch, pin_device
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
@@ -288,10 +289,11 @@ class DataLoader(Generic[_T_co]):
         """
         if self.num_workers > 0:
             self.check_worker_number_rationality()  # as torch, whenever workers start
-        self._warn_about_pin_memory()
+        pinning = self._warn_about_pin_memory()
         resume = self._pending_state
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
+        iterator._pin_memory, iterator._pin_memory_device = pinning
         self._pending_state = None
         # Only a weak reference: dropping the iterator (a `break`) must stop
         # its workers at once, as torch's does.
@@ -299,17 +301,12 @@ class DataLoader(Generic[_T_co]):
         self._progress = iterator.progress
         return iterator
 
-    def _warn_about_pin_memory(self) -> None:
+    def _warn_about_pin_memory(self) -> tuple[bool, str | None]:
         """torch's warnings, where it gives them: as an iterator is made (a
         persistent loader's once), after the worker-count one; from a line of
-        the loader's, as torch's come from its own, so Python shows each once."""
-        if self.pin_memory and self.pin_memory_device:
-            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
-                          f"as the device,ignore pin_memory_device='{self.pin_memory_device}'.",
-                          stacklevel=2)  # torch's words (its missing space too)
-        if self.pin_memory:
-            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
-                          "then device pinned memory won't be used.", stacklevel=2)
+        the loader's, as torch's come from its own, so Python shows each once.
+        Returns what the iterator pins (NOTE [ Where batches are pinned ])."""
+        return pin_device(self.pin_memory, self.pin_memory_device, self.output, stacklevel=3)
 
     def __getstate__(self) -> dict:
         # A loader pickles as torch's does: the last epoch's iterator is only
@@ -400,6 +397,9 @@ class _BaseIter:
     closed = False
     # Frames from the caller's next() down to _deliver: a warning there points at the caller.
     _DELIVER_DEPTH = 2
+    # torch's names: whether batches are pinned, for which device (set by the loader).
+    _pin_memory = False
+    _pin_memory_device: str | None = None
 
     def __init__(self, loader: DataLoader) -> None:
         self._source = BatchSource(loader.dataset, loader._iterable, loader._auto_collation,
@@ -497,6 +497,8 @@ class _BaseIter:
             warnings.warn(message, stacklevel=self._DELIVER_DEPTH + 1)  # the caller's line
         if self._to_torch:
             batch = to_torch(batch)
+        if self._pin_memory:
+            batch = pin_batch(batch, self._pin_memory_device)
         self.progress.hand(batch_no)
         return batch
 
