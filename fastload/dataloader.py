@@ -46,7 +46,8 @@ from fastload.pinning import pin_batch, pin_device
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots, unlink_prefixed
+from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files, \
+    unlink_prefixed
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload.weak_registry import WeakRegistry
@@ -883,6 +884,11 @@ class _MultiProcessIter(_BaseIter):
                     # A value its worker hands over by descriptor, which a dead
                     # worker cannot: the death is the error.
                     self._pool.raise_if_exiting(worker)
+                if isinstance(exc, (OSError, RuntimeError)) and near_open_file_limit():
+                    # A descriptor that could not be received ("received 0 items
+                    # of ancdata"): torch's error, as torch checks after a failed get.
+                    self.shutdown()
+                    raise too_many_open_files() from exc
                 # e.g. a value whose class cannot be rebuilt in this process:
                 # the batch fails at its turn, as a worker's error would, and
                 # its slot and task are accounted for like any other answer.

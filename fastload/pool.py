@@ -100,12 +100,18 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
             text = signal.strsignal(-exitcode) or name
         except ValueError:
             name = text = f"signal {-exitcode}"
-        return f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})"
+        message = f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})."
+        if exitcode == -signal.SIGBUS:  # torch's hint (ours reserve their pages, yet a mapped file can shrink)
+            message += (" It is possible that dataloader's workers are out of shared memory. "
+                        "Please try to raise your shared memory limit.")
+        return message
     if exitcode is None:
         # Reaped by someone else: SIGCHLD ignored, or a handler calling waitpid(-1).
         return (f"DataLoader worker (pid {pid}) exited unexpectedly (its exit status was "
                 f"collected elsewhere: is SIGCHLD ignored, or reaped by a handler?)")
-    return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
+    return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
+            f"Details are lost due to multiprocessing. Rerunning with num_workers=0 may give "
+            f"better error trace.")  # torch's words
 
 
 # signal's functions turn their answers into enums (signal.getsignal: 0.3

@@ -203,6 +203,21 @@ def _with_fd_room(call: Callable[[], Any]) -> Any:
         raise too_many_open_files() from error
 
 
+def near_open_file_limit(margin: int = 10) -> bool:
+    """Whether fewer than ``margin`` more descriptors can be opened (torch's test after a
+    failed receive: a descriptor sent with a message is dropped when none is left)."""
+    opened = []
+    try:
+        for _ in range(margin):
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError as error:
+        return error.errno == errno.EMFILE
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return False
+
+
 def too_many_open_files() -> RuntimeError:
     """torch's error at the open-file limit (its words first), with what holds the files here."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -210,8 +225,9 @@ def too_many_open_files() -> RuntimeError:
     return RuntimeError(
         f"Too many open files. Communication with the workers is no longer possible. Please "
         f"increase the limit using `ulimit -n` in the shell (now {soft}, at most {hard_text} "
-        f"without privileges) or hold fewer batches at once: each shared-memory slot, and so "
-        f"each batch you hold, keeps a file descriptor until its last array is released")
+        f"without privileges) or hold fewer batches at once: each batch you hold keeps file "
+        f"descriptors open (its shared-memory slot's, and those of tensors a worker sent, as "
+        f"torch's do) until it is released")
 
 
 class Segment:
