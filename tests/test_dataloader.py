@@ -508,13 +508,23 @@ def test_too_many_workers_warns(torch):
         DataLoader(NestedDataset(2), num_workers=(os.cpu_count() or 1) + 5)
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("persistent", [False, True])
-def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_leaks, persistent):
+def _one_cpu(monkeypatch):
+    """Both loaders (torch's through ``torch._utils.cpu_count``) count the CPUs this
+    process may run on with ``os.sched_getaffinity``: say there is one, so two
+    workers are too many on any machine, without starting a CPU's worth of them."""
     import os
 
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_leaks, persistent,
+                                                                   monkeypatch):
+    _one_cpu(monkeypatch)
+
     def count(library):
-        workers = len(os.sched_getaffinity(0)) + 1
+        workers = 2
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loader = library.DataLoader(list(range(4)), batch_size=2, num_workers=workers,
@@ -527,14 +537,15 @@ def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_lea
 
 
 @pytest.mark.timeout(60)
-def test_too_many_workers_warning_is_shown_from_the_loaders_lines_as_torchs(torch, no_leaks):
+def test_too_many_workers_warning_is_shown_from_the_loaders_lines_as_torchs(torch, no_leaks,
+                                                                          monkeypatch):
     # From a line of the library's own, so Python's default filter shows it
     # once per place it is checked (construction, start of workers), however
     # many loaders and epochs; and the check is public under torch's name.
-    import os
+    _one_cpu(monkeypatch)
 
     def shown(library):
-        workers = len(os.sched_getaffinity(0)) + 1
+        workers = 2
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
             for _ in range(2):
