@@ -43,7 +43,8 @@ from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
 from fastload.pinning import pin_batch, pin_device
-from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running
+from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running, show_workers, \
+    shown_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
 from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files, \
@@ -590,17 +591,6 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
     _teardowns_due.pop(ring, None)
 
 
-def _drop_worker_processes(processes: list) -> None:
-    """Let go of an iterator's ``_workers`` as it is collected, signals deferred.
-
-    A freed ``Process`` runs multiprocessing's finalizer, where a Ctrl-C would
-    be lost (NOTE [ Ctrl-C held over fork and teardown ]); the pool drops its
-    own references under the same protection.
-    """
-    with signals_deferred():
-        processes.clear()
-
-
 # How long reading a finished iterator's ``_workers`` waits for its idle
 # workers to exit (they were told to; the pool stops any that outstay this).
 _WORKERS_EXIT_WAIT = 5.0
@@ -756,8 +746,7 @@ class _MultiProcessIter(_BaseIter):
         _teardowns_due[self._ring] = (self.owner_pid, self._finalizer, self._pool)
         _tear_down_before_multiprocessing_exits()
         _worker_iterators.add(self)
-        self._worker_processes: list = []
-        weakref.finalize(self, _drop_worker_processes, self._worker_processes)
+        self._workers_key = show_workers(self)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
@@ -766,7 +755,7 @@ class _MultiProcessIter(_BaseIter):
         except BaseException:
             self.shutdown()
             raise
-        self._worker_processes.extend(self._pool.processes)
+        shown_workers(self._workers_key).extend(self._pool.processes)
 
     # -- epochs --------------------------------------------------------------
 
@@ -1017,9 +1006,10 @@ class _MultiProcessIter(_BaseIter):
         the list of a finished iterator waits for them (bounded): each has its
         exit code then, as torch's has.
         """
+        processes = shown_workers(self._workers_key)
         if self.closed and self.inherited_from is None:
             deadline = time.monotonic() + _WORKERS_EXIT_WAIT
-            for process in self._worker_processes:
+            for process in processes:
                 while running(process) and time.monotonic() < deadline:
                     process.join(timeout=0.05)
-        return self._worker_processes
+        return processes

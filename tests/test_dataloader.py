@@ -1110,7 +1110,8 @@ def test_a_killed_worker_shows_in_workers_as_in_torch(torch, no_leaks):
         os.kill(victim.pid, signal.SIGKILL)
         # torch says "is killed by signal" or "exited unexpectedly", as its
         # signal handler or its poll notices first.
-        with pytest.raises(RuntimeError, match=f"DataLoader worker \\(pid(\\(s\\))? {victim.pid}\\)"):
+        pattern = f"DataLoader worker \\(pid(\\(s\\))? {victim.pid}\\)"
+        with pytest.raises(RuntimeError, match=pattern):
             for _ in range(20):
                 next(iterator)
         seen = (victim.is_alive(), victim.exitcode, iterator._workers[1] is victim)

@@ -359,14 +359,14 @@ for library in (fl, torch.utils.data):
 
 @pytest.mark.timeout(180)
 def test_a_too_small_dev_shm_is_torchs_runtime_error(torch, tmp_path):
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=4m tmpfs /dev/shm"],
-                           capture_output=True, text=True)
+    mount = "mount -t tmpfs -o size=4m tmpfs /dev/shm"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()}")
     script = tmp_path / "small_shm.py"
     script.write_text(_SHM_SCRIPT.format(repo=REPO_DIR))
-    result = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=4m tmpfs "
-                             f"/dev/shm && exec {sys.executable} {script}"],
+    command = f"{mount} && exec {sys.executable} {script}"
+    result = subprocess.run(["unshare", "-m", "sh", "-c", command],
                             capture_output=True, text=True, timeout=170)
     lines = [line for line in result.stdout.splitlines() if line.startswith(("ERROR", "NONE"))]
     # torch: "Caught RuntimeError in DataLoader worker process 0 ... unable to
