@@ -6,6 +6,7 @@ Situations where torch raises nothing (it hangs, or a forked child takes the
 parent's batches) are fastload's own and tested in test_faults.py.
 """
 
+import faulthandler
 import os
 import pickle
 import re
@@ -185,6 +186,7 @@ class DiesAt3(_TorchDataset):
             if self.how == "sleep":
                 time.sleep(2)
             else:
+                faulthandler.disable()  # pytest's, inherited: no dump of a death on purpose
                 os.kill(os.getpid(), getattr(signal, self.how))
         return np.full(3, i, np.float32)
 
