@@ -29,6 +29,7 @@ import multiprocessing.util
 import numbers
 import os
 import sys
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Generic, Iterator, NoReturn, TypeVar
@@ -45,10 +46,13 @@ from fastload.fetch import BatchSource
 from fastload.forks import forking_workers
 from fastload.interrupts import signals_deferred
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
-from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers
+from fastload.pinning import pin_batch, pin_device
+from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running, show_workers, \
+    shown_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots, unlink_prefixed
+from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files, \
+    unlink_prefixed
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload.weak_registry import WeakRegistry
@@ -294,10 +298,11 @@ class DataLoader(Generic[_T_co]):
         """
         if self.num_workers > 0:
             self.check_worker_number_rationality()  # as torch, whenever workers start
-        self._warn_about_pin_memory()
+        pinning = self._warn_about_pin_memory()
         resume = self._pending_state
         iterator: _BaseIter = _SingleProcessIter(self, resume) if self.num_workers == 0 \
             else _MultiProcessIter(self, resume)
+        iterator._pin_memory, iterator._pin_memory_device = pinning
         self._pending_state = None
         # Only a weak reference: dropping the iterator (a `break`) must stop
         # its workers at once, as torch's does.
@@ -305,17 +310,12 @@ class DataLoader(Generic[_T_co]):
         self._progress = iterator.progress
         return iterator
 
-    def _warn_about_pin_memory(self) -> None:
+    def _warn_about_pin_memory(self) -> tuple[bool, str | None]:
         """torch's warnings, where it gives them: as an iterator is made (a
         persistent loader's once), after the worker-count one; from a line of
-        the loader's, as torch's come from its own, so Python shows each once."""
-        if self.pin_memory and self.pin_memory_device:
-            warnings.warn("pin_memory_device is deprecated, the current accelerator will be used "
-                          f"as the device,ignore pin_memory_device='{self.pin_memory_device}'.",
-                          stacklevel=2)  # torch's words (its missing space too)
-        if self.pin_memory:
-            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
-                          "then device pinned memory won't be used.", stacklevel=2)
+        the loader's, as torch's come from its own, so Python shows each once.
+        Returns what the iterator pins (NOTE [ Where batches are pinned ])."""
+        return pin_device(self.pin_memory, self.pin_memory_device, self.output, stacklevel=3)
 
     def __getstate__(self) -> dict:
         # A loader pickles as torch's does: the last epoch's iterator is only
@@ -419,6 +419,9 @@ class _BaseIter:
     closed = False
     # Frames from the caller's next() down to _deliver: a warning there points at the caller.
     _DELIVER_DEPTH = 2
+    # torch's names: whether batches are pinned, for which device (set by the loader).
+    _pin_memory = False
+    _pin_memory_device: str | None = None
 
     def __init__(self, loader: DataLoader) -> None:
         self._source = BatchSource(loader.dataset, loader._iterable, loader._auto_collation,
@@ -532,6 +535,8 @@ class _BaseIter:
             warnings.warn(message, stacklevel=self._DELIVER_DEPTH + 1)  # the caller's line
         if self._to_torch:
             batch = to_torch(batch)
+        if self._pin_memory:
+            batch = pin_batch(batch, self._pin_memory_device)
         self.progress.hand(batch_no)
         return batch
 
@@ -625,6 +630,11 @@ def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, task
         finally:
             ring.close([slot for _, slot in tasks.values()])
     _teardowns_due.pop(ring, None)
+
+
+# How long reading a finished iterator's ``_workers`` waits for its idle
+# workers to exit (they were told to; the pool stops any that outstay this).
+_WORKERS_EXIT_WAIT = 5.0
 
 
 # Iterators' teardowns not yet run to their end: ring -> (owner pid, its
@@ -777,6 +787,7 @@ class _MultiProcessIter(_BaseIter):
         _teardowns_due[self._ring] = (self.owner_pid, self._finalizer, self._pool)
         _tear_down_before_multiprocessing_exits()
         _worker_iterators.add(self)
+        self._workers_key = show_workers(self)
         try:
             # The first tasks wait in the pipes before the workers exist (see WorkerPool).
             self._start_dispatch(base_seed)
@@ -785,6 +796,7 @@ class _MultiProcessIter(_BaseIter):
         except BaseException:
             self.shutdown()
             raise
+        shown_workers(self._workers_key).extend(self._pool.processes)
 
     # -- epochs --------------------------------------------------------------
 
@@ -945,6 +957,11 @@ class _MultiProcessIter(_BaseIter):
                     # A value its worker hands over by descriptor, which a dead
                     # worker cannot: the death is the error.
                     self._pool.raise_if_exiting(worker)
+                if isinstance(exc, (OSError, RuntimeError)) and near_open_file_limit():
+                    # A descriptor that could not be received ("received 0 items
+                    # of ancdata"): torch's error, as torch checks after a failed get.
+                    self.shutdown()
+                    raise too_many_open_files() from exc
                 # e.g. a value whose class cannot be rebuilt in this process:
                 # the batch fails at its turn, as a worker's error would, and
                 # its slot and task are accounted for like any other answer.
@@ -1067,3 +1084,22 @@ class _MultiProcessIter(_BaseIter):
     @property
     def worker_pids(self) -> list[int]:
         return self._pool.pids
+
+    @property
+    def _workers(self) -> list:
+        """torch's ``_workers``, which code that watches workers reads: the
+        worker ``Process`` objects in worker-id order, the same list every
+        epoch of persistent workers, kept after shutdown with their exit codes.
+
+        torch's shutdown joins its workers; at an epoch's end this one leaves
+        its idle workers to exit on their own (see ``_end_epoch``), so reading
+        the list of a finished iterator waits for them (bounded): each has its
+        exit code then, as torch's has.
+        """
+        processes = shown_workers(self._workers_key)
+        if self.closed and self.inherited_from is None:
+            deadline = time.monotonic() + _WORKERS_EXIT_WAIT
+            for process in processes:
+                while running(process) and time.monotonic() < deadline:
+                    process.join(timeout=0.05)
+        return processes

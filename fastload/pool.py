@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import _signal
 import gc
+import itertools
 import multiprocessing.process
 import os
 import pickle
 import select
 import signal
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -62,7 +64,7 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["WorkerPool", "join_exiting_workers"]
+__all__ = ["WorkerPool", "join_exiting_workers", "show_workers", "shown_workers"]
 
 # How long shutdown waits for workers to exit before terminating them.
 _JOIN_GRACE = 5.0
@@ -99,12 +101,19 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
             text = signal.strsignal(-exitcode) or name
         except ValueError:
             name = text = f"signal {-exitcode}"
-        return f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})"
+        message = f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})."
+        if exitcode == -signal.SIGBUS:
+            # torch's hint: slots reserve their pages, but a mapped file can still shrink.
+            message += (" It is possible that dataloader's workers are out of shared memory. "
+                        "Please try to raise your shared memory limit.")
+        return message
     if exitcode is None:
         # Reaped by someone else: SIGCHLD ignored, or a handler calling waitpid(-1).
         return (f"DataLoader worker (pid {pid}) exited unexpectedly (its exit status was "
                 f"collected elsewhere: is SIGCHLD ignored, or reaped by a handler?)")
-    return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
+    return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
+            f"Details are lost due to multiprocessing. Rerunning with num_workers=0 may give "
+            f"better error trace.")  # torch's words
 
 
 # signal's functions turn their answers into enums (signal.getsignal: 0.3
@@ -527,6 +536,32 @@ if hasattr(os, "register_at_fork"):
 _exiting: list[tuple[int, float, list]] = []
 
 
+# The lists iterators show as torch's ``_workers``, each beside a weak
+# reference to its iterator, which holds only the key: so dropping an
+# iterator frees no ``Process`` (its finalizer is Python code, where a Ctrl-C
+# would be lost: NOTE [ Ctrl-C held over fork and teardown ]).
+# ``_reap_exiting`` lets go of those whose iterator is gone, signals held.
+_shown_worker_lists: dict[int, tuple[Any, list]] = {}
+_shown_keys = itertools.count()
+
+
+def show_workers(owner: Any) -> int:
+    """A key to ``owner``'s list of worker processes (``shown_workers``), kept while it lives."""
+    key = next(_shown_keys)
+    _shown_worker_lists[key] = (weakref.ref(owner), [])
+    return key
+
+
+def shown_workers(key: int) -> list:
+    return _shown_worker_lists[key][1]
+
+
+def _forget_workers_of_dropped_iterators() -> None:
+    for key, (owner, _) in list(_shown_worker_lists.items()):
+        if owner() is None:
+            _shown_worker_lists.pop(key, None)
+
+
 def _reap_exiting() -> None:
     """Reap the exited workers of earlier epochs without waiting; stop the ones past their grace.
 
@@ -549,6 +584,7 @@ def _reap_exiting() -> None:
                 continue
             _stop(processes)  # their grace is over
         _drop_exiting(entry)
+    _forget_workers_of_dropped_iterators()
 
 
 def _drop_exiting(entry: tuple) -> None:

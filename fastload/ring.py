@@ -184,41 +184,48 @@ def _space_error(shortfall: str) -> SharedMemoryError:
 
 
 def _with_fd_room(call: Callable[[], Any]) -> Any:
-    """``call()``, which opens a file descriptor; at the process's limit, raise it once.
+    """``call()``, which opens a file descriptor; at the process's limit, torch's error.
 
     Every mapping holds a descriptor (Python's ``mmap`` keeps its own), so a
-    caller holding many batches (an epoch kept in a list) reaches the common
-    soft limit of 1024.  The soft limit is raised towards the hard one, as
-    ``ulimit -n`` would; past the hard limit the error says what to change.
+    caller holding many batches (an epoch kept in a list) can reach the soft
+    limit (often 1024), as a caller of torch's loader does with its
+    descriptor-shared tensors.  torch raises a ``RuntimeError`` that says to
+    raise ``ulimit -n``, and leaves the limit alone: the process's limits are
+    the caller's.  So does this.
     """
     try:
         return call()
     except OSError as error:
         if error.errno != errno.EMFILE:
             raise
-        if _raise_fd_limit():
-            return call()
-        raise OSError(errno.EMFILE, f"too many open files: each shared-memory slot, and so "
-                      f"each batch the caller holds, keeps a file descriptor until released; "
-                      f"hold fewer batches at once or raise the limit (ulimit -n, "
-                      f"now {_fd_limits()[0]})") from error
+        raise too_many_open_files() from error
 
 
-def _fd_limits() -> tuple[int, int]:
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def _raise_fd_limit() -> bool:
-    """Double the soft limit on open files, up to the hard one; False if it cannot grow."""
-    soft, hard = _fd_limits()
-    target = soft * 2 if hard == resource.RLIM_INFINITY else min(hard, soft * 2)
-    if target <= soft:
-        return False
+def near_open_file_limit(margin: int = 10) -> bool:
+    """Whether fewer than ``margin`` more descriptors can be opened (torch's test after a
+    failed receive: a descriptor sent with a message is dropped when none is left)."""
+    opened = []
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        return False
-    return True
+        for _ in range(margin):
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError as error:
+        return error.errno == errno.EMFILE
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return False
+
+
+def too_many_open_files() -> RuntimeError:
+    """torch's error at the open-file limit (its words first), with what holds the files here."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    return RuntimeError(
+        f"Too many open files. Communication with the workers is no longer possible. Please "
+        f"increase the limit using `ulimit -n` in the shell (now {soft}, at most {hard_text} "
+        f"without privileges) or hold fewer batches at once: each batch you hold keeps file "
+        f"descriptors open (its shared-memory slot's, and those of tensors a worker sent, as "
+        f"torch's do) until it is released")
 
 
 class Segment:

@@ -483,7 +483,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         return True
     try:
         if isinstance(payload, PickledPayload):
-            payload = pickle.loads(payload.take())  # the bytes go once unpickled
+            payload = _unpickle_payload(payload, worker_id)
         dataset, source_args, worker_init_fn = payload
         seed = base_seed + worker_id
         _tune_malloc()
@@ -600,6 +600,24 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             break
     result_conn.close()
     return True
+
+
+def _unpickle_payload(payload: PickledPayload, worker_id: int) -> Any:
+    """The dataset, batch settings and worker_init_fn, unpickled from their bytes.
+
+    A failure here (a class the worker cannot import) is a ``RuntimeError``,
+    the type torch raises: its worker dies unpickling them, and the main
+    process reports the death.
+    """
+    try:
+        return pickle.loads(payload.take())  # the bytes go once unpickled
+    except Exception as error:
+        raise RuntimeError(
+            f"DataLoader worker process {worker_id} could not unpickle the dataset, collate_fn "
+            f"and worker_init_fn the main process sent it ({type(error).__name__}: {error}); "
+            f"under spawn or forkserver each must be importable by the worker: defined at "
+            f"module level of a module it can import, not inside a function or an "
+            f"`if __name__ == '__main__':` block") from error
 
 
 class _MainProcessGone(Exception):

@@ -469,9 +469,12 @@ def test_output_validation_and_torch_output(torch):
                          ids=["no workers", "3 persistent workers"])
 @pytest.mark.parametrize("device", ["", "cuda"])
 def test_pin_memory_warns_as_torch_and_changes_nothing(torch, device, workers, no_leaks):
-    # The same warnings in the same order (after the worker-count one, with 3
-    # workers on this 2-CPU machine), as an iterator is made: a persistent
-    # loader's once, not every epoch.
+    # The same warnings in the same order (after the worker-count one, where 3
+    # workers are more than this process's CPUs), as an iterator is made: a
+    # persistent loader's once, not every epoch.
+    import os
+
+    too_many_workers = bool(workers) and workers["num_workers"] > len(os.sched_getaffinity(0))
     def warnings_of(make_loader, dataset):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -484,7 +487,8 @@ def test_pin_memory_warns_as_torch_and_changes_nothing(torch, device, workers, n
                             torch.utils.data.TensorDataset(torch.arange(6)))
     ours, batches = warnings_of(DataLoader, fl.ArrayDataset(np.arange(6)))
     assert [w[:2] for w in ours] == [w[:2] for w in theirs]
-    assert len(ours) == (1 + bool(device)) * (1 if workers else 3) + 2 * bool(workers)
+    # The worker-count warning comes at construction and as workers start.
+    assert len(ours) == (1 + bool(device)) * (1 if workers else 3) + 2 * too_many_workers
     assert [b[0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
     # Each from a line of the loader's, as torch's from its own: Python's
     # default filter shows it once, whichever lines of the caller's iterate.
@@ -504,13 +508,23 @@ def test_too_many_workers_warns(torch):
         DataLoader(NestedDataset(2), num_workers=(os.cpu_count() or 1) + 5)
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("persistent", [False, True])
-def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_leaks, persistent):
+def _one_cpu(monkeypatch):
+    """Both loaders (torch's through ``torch._utils.cpu_count``) count the CPUs this
+    process may run on with ``os.sched_getaffinity``: say there is one, so two
+    workers are too many on any machine, without starting a CPU's worth of them."""
     import os
 
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_leaks, persistent,
+                                                                   monkeypatch):
+    _one_cpu(monkeypatch)
+
     def count(library):
-        workers = len(os.sched_getaffinity(0)) + 1
+        workers = 2
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loader = library.DataLoader(list(range(4)), batch_size=2, num_workers=workers,
@@ -523,14 +537,15 @@ def test_too_many_workers_warns_whenever_workers_start_as_in_torch(torch, no_lea
 
 
 @pytest.mark.timeout(60)
-def test_too_many_workers_warning_is_shown_from_the_loaders_lines_as_torchs(torch, no_leaks):
+def test_too_many_workers_warning_is_shown_from_the_loaders_lines_as_torchs(torch, no_leaks,
+                                                                          monkeypatch):
     # From a line of the library's own, so Python's default filter shows it
     # once per place it is checked (construction, start of workers), however
     # many loaders and epochs; and the check is public under torch's name.
-    import os
+    _one_cpu(monkeypatch)
 
     def shown(library):
-        workers = len(os.sched_getaffinity(0)) + 1
+        workers = 2
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
             for _ in range(2):
@@ -1022,3 +1037,91 @@ def test_a_sampler_changed_between_iter_and_the_first_batch_applies_as_in_torch(
     torch_applies = epoch(torch.utils.data, late=True) == epoch(torch.utils.data, late=False)
     assert torch_applies == (batch_size is not None)
     assert (epoch(fl, late=True) == epoch(fl, late=False)) == torch_applies
+
+
+# -- the iterator's ``_workers``, which code that watches workers reads ------
+
+class _PidOfMaker:
+    """Sample i is the pid of the process that made it."""
+
+    def __init__(self, n=8):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+
+        return os.getpid()
+
+
+def _workers_seen(library, persistent):
+    """What code that watches workers sees of ``_workers`` over two epochs."""
+    import os
+
+    import psutil
+
+    loader = library.DataLoader(_PidOfMaker(), batch_size=2, num_workers=2,
+                                persistent_workers=persistent)
+    iterator = iter(loader)
+    workers = iterator._workers
+    first = next(iterator)
+    children = {child.pid for child in psutil.Process().children()}
+    seen = {
+        "running": (len(workers), [w.is_alive() for w in workers], [w.exitcode for w in workers],
+                    all(w.pid in children and w.pid != os.getpid() for w in workers)),
+        # Batch k comes from worker k % num_workers: the list is in worker-id order.
+        "in worker-id order": int(first[0]) == workers[0].pid
+        and int(next(iterator)[0]) == workers[1].pid,
+    }
+    list(iterator)
+    again = iter(loader)
+    seen["next epoch, same list"] = again is iterator and again._workers is workers
+    seen["after the epoch"] = (iterator._workers is workers, [w.exitcode for w in workers],
+                               [w.is_alive() for w in workers])
+    list(again)
+    again._shutdown_workers()
+    seen["after shutdown"] = [w.exitcode for w in again._workers]
+    return seen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_iterators_workers_are_torchs_list_of_processes(torch, no_leaks, persistent):
+    ours, theirs = _workers_seen(fl, persistent), _workers_seen(torch.utils.data, persistent)
+    assert ours == theirs
+    assert ours["running"] == (2, [True, True], [None, None], True)
+    assert ours["in worker-id order"]
+    assert ours["after shutdown"] == [0, 0]
+    if not persistent:  # torch's shutdown joins the workers of a finished epoch
+        assert ours["after the epoch"] == (True, [0, 0], [False, False])
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_worker_shows_in_workers_as_in_torch(torch, no_leaks):
+    import os
+    import signal
+
+    def killed(library):
+        iterator = iter(library.DataLoader(_PidOfMaker(40), batch_size=2, num_workers=2,
+                                           persistent_workers=True))
+        next(iterator)
+        victim = iterator._workers[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        # torch says "is killed by signal" or "exited unexpectedly", as its
+        # signal handler or its poll notices first.
+        pattern = f"DataLoader worker \\(pid(\\(s\\))? {victim.pid}\\)"
+        with pytest.raises(RuntimeError, match=pattern):
+            for _ in range(20):
+                next(iterator)
+        seen = (victim.is_alive(), victim.exitcode, iterator._workers[1] is victim)
+        iterator._shutdown_workers()
+        return seen
+
+    assert killed(fl) == killed(torch.utils.data) == (False, -signal.SIGKILL, True)
+
+
+def test_the_single_process_iterator_has_no_workers_as_torchs(torch):
+    assert not hasattr(iter(DataLoader(range(4))), "_workers")
+    assert not hasattr(iter(torch.utils.data.DataLoader(range(4))), "_workers")
