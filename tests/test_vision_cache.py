@@ -547,3 +547,25 @@ def test_forked_workers_share_the_index_pages(tmp_path):
     assert found == count // 4
     # Looking up writes nothing to the table's pages (a copy would be ~table_bytes).
     assert growth < table_bytes / 4, (growth, table_bytes)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_stored_pixels_resize_as_pillow_crops_and_resizes(flip):
+    from fastload.vision.resample import resize_rgb_bytes_to_chw
+
+    rng = np.random.default_rng(3)
+    img = Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8))
+    stored = memoryview(img.tobytes())  # exactly the entry: no byte after the last pixel
+    boxes = [(0, 0, 53, 37), (10, 5, 53, 37), (0, 0, 20, 11), (7, 3, 40, 30), (52, 36, 53, 37)]
+    for box in boxes:
+        for size in [(16, 16), (53, 37), (70, 9), (box[2] - box[0], box[3] - box[1])]:
+            for resample in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC,
+                             Image.Resampling.LANCZOS):
+                expected = img.crop(box).resize(size, resample)
+                if flip:
+                    expected = expected.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                got = resize_rgb_bytes_to_chw(stored, 53, 37, box, size, resample, flip)
+                assert np.array_equal(got, np.asarray(expected).transpose(2, 0, 1)), \
+                    (box, size, resample)
+    with pytest.raises(ValueError, match="not inside"):
+        resize_rgb_bytes_to_chw(stored, 53, 37, (0, 0, 54, 37), (8, 8), Image.Resampling.BILINEAR)

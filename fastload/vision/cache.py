@@ -58,8 +58,10 @@ from typing import Any
 from PIL import Image
 
 from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes
-from .decode import (_as_rgb, decode_planned_stream, default_loader, pil_loader, render_planned,
-                     split_planned_head)
+from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
+                     pil_loader, render_planned, split_planned_head)
+from .resample import fusable, resize_rgb_bytes_to_chw
+from .transforms import _PIL_FILTERS
 
 __all__ = ["DecodedImageCache", "make_image_cache", "cached_size", "CACHE_FORMATS"]
 
@@ -262,6 +264,10 @@ class DecodedImageCache:
         if fmt == _RAW:
             if len(payload) != width * height * _BYTES_PER_PIXEL[mode]:
                 raise ValueError("stored image has the wrong length")
+            if mode == "RGB" and transform is not None:
+                fused = _fused_from_pixels(payload, width, height, transform)
+                if fused is not None:
+                    return fused
             return _apply(Image.frombytes(mode, (width, height), payload), transform)
         stream = io.BytesIO(payload)
         head, rest = split_planned_head(transform) if transform is not None else (None, ())
@@ -356,6 +362,27 @@ def _apply(img: Image.Image, transform: Any) -> tuple[Any, Steps]:
     if head is None:
         return img, (transform,)
     return render_planned(img, head, rest)
+
+
+def _fused_from_pixels(payload: Any, width: int, height: int, transform: Any
+                       ) -> tuple[Any, Steps] | None:
+    """``render_planned`` of stored raw RGB pixels, straight from the mapped bytes to
+    the output array, when the pipeline starts ``Resize``/``RandomResizedCrop``,
+    ``[RandomHorizontalFlip,] ToArray``: the same pixels and random draws (plan,
+    then flip) without a PIL image.  None for any other pipeline, decided
+    before a random number is drawn."""
+    head, rest = split_planned_head(transform)
+    flip_step, fused_steps = _flip_and_to_array(rest)
+    interpolation = getattr(head, "interpolation", None)
+    if not fused_steps or interpolation not in _PIL_FILTERS \
+            or not fusable("RGB", _PIL_FILTERS[interpolation]):
+        return None
+    plan = head.plan_region(width, height)
+    if plan.is_empty:  # only Pillow's own steps say what happens there
+        return _render(Image.frombytes("RGB", (width, height), payload), plan, 1, rest)
+    flip = flip_step.flips() if flip_step is not None else False
+    return (resize_rgb_bytes_to_chw(payload, width, height, plan.box, plan.size, plan.resample,
+                                    flip), rest[fused_steps:])
 
 
 def _loader_tag(loader: Callable[[str], Any]) -> str:

@@ -1,0 +1,193 @@
+"""The decoded-image cache (``ImageFolder(cache=DIR)``) against torch's DataLoader decoding.
+
+Workloads:
+
+* ``images``: the 2,000-JPEG 500x375 synthetic folder, RandomResizedCrop(224)
+  + RandomHorizontalFlip + ToArray, batch 64, 2 workers, ``cache_format="raw"``
+  (every image is within ``cache_max_side=512``: cached pixels are the file's);
+* ``camera``: 200 synthetic 4000x3000 JPEGs, the same pipeline,
+  ``cache_format="jpeg"``, ``cache_max_side=512``.
+
+Per round, in rotated order: torch's DataLoader over a dataset doing what
+torchvision's ImageFolder does (``fastload.bench.TorchvisionStylePipeline``:
+PIL open + convert RGB, RandomResizedCrop drawn with torch's RNG, Pillow
+crop/resize, flip, PILToTensor's conversion; one epoch); fastload without a
+cache (one epoch); fastload with a cache in a fresh directory (epoch 1 fills
+it, epochs 2.. read it).  Rates are images per wall-clock second of whole
+epochs (worker start-up included); medians over rounds.  "Per core" is the
+single-process rate of ``dataset[i]`` from a filled cache, no loader: what one
+core delivers, comparable to FFCV's published ~1,800 images/s per vCPU from
+raw pixels.  Disk is the store's bytes per image (data + 64-byte index
+record); memory is the index a process holds per image (the pixels live in
+the page cache, shared by every process mapping them).
+
+    python bench/bench_cache.py                       # both workloads, 3 rounds
+    python bench/bench_cache.py --workloads images --rounds 2 --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fastload import bench as fb  # noqa: E402
+from fastload.rng import seed_transform_rng  # noqa: E402
+from fastload.vision import ImageFolder  # noqa: E402
+from fastload.vision.cache_store import RECORD_SIZE, data_bytes  # noqa: E402
+from results import write_section  # noqa: E402
+
+FFCV_PER_VCPU = 1800.0
+WORKLOADS = {
+    "images": dict(images=2000, size=(500, 375), format="raw", side=512),
+    "camera": dict(images=200, size=(4000, 3000), format="jpeg", side=512),
+}
+
+
+def epoch_rates(loader: Any, epochs: int) -> list[float]:
+    """Images/s of each of ``epochs`` epochs of ``loader``."""
+    rates = []
+    for _ in range(epochs):
+        images, seconds, _ = fb._run_epochs(loader, 1, "", False)
+        rates.append(images / seconds)
+    return rates
+
+
+def fastload_epochs(root: str, workers: int, batch: int, epochs: int, seed: int,
+                    cache: str | None, fmt: str, side: int) -> list[float]:
+    import fastload
+
+    dataset = ImageFolder(root, transform=fb.standard_transform(), cache=cache,
+                          cache_max_side=side, cache_format=fmt)
+    loader = fastload.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                                 generator=seed)
+    return epoch_rates(loader, epochs)
+
+
+def torch_epoch(root: str, workers: int, batch: int, seed: int) -> float:
+    return fb.measure_torch(root, workers, batch, epochs=1, seed=seed)["images_per_s"]
+
+
+def per_process_rate(root: str, cache: str, fmt: str, side: int, limit: int = 400) -> float:
+    """``dataset[i]`` per second in this one process, every image served by the cache."""
+    dataset = ImageFolder(root, transform=fb.standard_transform(), cache=cache,
+                          cache_max_side=side, cache_format=fmt)
+    order = np.random.default_rng(0).permutation(len(dataset))[:limit]
+    seed_transform_rng(0, 0)
+    dataset[int(order[0])]
+    start = time.perf_counter()
+    for index in order:
+        dataset[int(index)]
+    rate = len(order) / (time.perf_counter() - start)
+    stats = dataset.image_cache.stats()
+    assert stats["stored"] == 0, "the per-core rate must be measured on a filled cache"
+    return rate
+
+
+def run_workload(name: str, workers: int, batch: int, rounds: int, epochs: int,
+                 images: int | None) -> dict:
+    spec = dict(WORKLOADS[name])
+    count = images or spec["images"]
+    root = fb.synthetic_image_folder(count, spec["size"], 10, progress=False)
+    scratch = tempfile.mkdtemp(prefix="bench-cache-", dir=fb.default_cache_dir())
+    runs: dict[str, list] = {"torch": [], "plain": [], "cached": []}
+    try:
+        for round_no in range(rounds):
+            cache = os.path.join(scratch, f"round{round_no}")
+            steps = [("torch", lambda: torch_epoch(root, workers, batch, round_no)),
+                     ("plain", lambda: fastload_epochs(root, workers, batch, 1, round_no, None,
+                                                       spec["format"], spec["side"])[0]),
+                     ("cached", lambda: fastload_epochs(root, workers, batch, epochs, round_no,
+                                                        cache, spec["format"], spec["side"]))]
+            for key, step in steps[round_no % 3:] + steps[:round_no % 3]:
+                runs[key].append(step())
+                print(f"  {name} round {round_no}: {key} {runs[key][-1]}", flush=True)
+        last = os.path.join(scratch, f"round{rounds - 1}")
+        store = data_bytes(last)
+        per_process = per_process_rate(root, last, spec["format"], spec["side"])
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    median = statistics.median
+    later = [median(r[1:]) for r in runs["cached"]]
+    return dict(name=name, count=count, size=spec["size"], format=spec["format"],
+                side=spec["side"], workers=workers, batch=batch, rounds=rounds, epochs=epochs,
+                torch=median(runs["torch"]), plain=median(runs["plain"]),
+                fill=median(r[0] for r in runs["cached"]), later=median(later),
+                later_rounds=later, per_process=per_process,
+                disk_per_image=store / count + RECORD_SIZE,
+                index_per_image=RECORD_SIZE + 8 + 4)
+
+
+def section(results: list[dict], command: str) -> str:
+    cores = os.cpu_count() or 1
+    lines = [
+        "## Decoded-image cache",
+        "",
+        f"`{command}` on {platform.machine()}, {cores} CPUs, Python {platform.python_version()};",
+        "**a loaded machine** (other helpers were running benchmarks and tests at the same",
+        "time: load average above the CPU count), so ratios are rough. Images/s over whole",
+        "epochs, medians of rotated rounds; torch = torch.utils.data.DataLoader over a",
+        "torchvision-style ImageFolder (PIL open + convert RGB + the same transforms).",
+        "",
+        "| workload | torch | fastload, no cache | cache: epoch 1 (filling) | cache: epochs 2+ "
+        "| epochs 2+ / torch | filling / no cache |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['name']}: {r['count']} x {r['size'][0]}x{r['size'][1]}, {r['format']}, "
+            f"side {r['side']}, {r['workers']} workers | {r['torch']:.0f} | {r['plain']:.0f} | "
+            f"{r['fill']:.0f} | {r['later']:.0f} | {r['later'] / r['torch']:.1f}x | "
+            f"{r['fill'] / r['plain']:.2f} |")
+    lines += ["", "| workload | per core from the cache (1 process, no loader) | vs FFCV ~1,800/vCPU "
+              "| disk per image | index memory per image per process |", "|---|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['name']} | {r['per_process']:.0f} images/s | "
+                     f"{r['per_process'] / FFCV_PER_VCPU:.2f}x | {r['disk_per_image'] / 1024:.0f} KiB "
+                     f"| {r['index_per_image']} B |")
+    lines += ["", "Epochs 2+ per round: " + "; ".join(
+        f"{r['name']} " + ", ".join(f"{v:.0f}" for v in r["later_rounds"]) for r in results),
+        "",
+        "Disk is the store's data bytes plus its index record; the pixels a process reads are",
+        "memory-mapped, so they sit once in the page cache for all workers and runs.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS),
+                        default=["images", "camera"])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the cached loader (>= 2)")
+    parser.add_argument("--images", type=int, default=None, help="override the image count")
+    parser.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    options = parser.parse_args(argv)
+    if options.epochs < 2:
+        parser.error("--epochs must be at least 2 (epoch 1 fills the cache)")
+    results = []
+    for name in options.workloads:
+        results.append(run_workload(name, options.workers, options.batch_size, options.rounds,
+                                    options.epochs, options.images))
+    command = "python bench/bench_cache.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = section(results, command.strip())
+    print(text)
+    if not options.no_write:
+        write_section("bench_cache", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
