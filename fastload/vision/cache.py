@@ -204,13 +204,10 @@ class DecodedImageCache:
             # loaded as without a cache, like every image not cached.
             self._stats["not_cached"] += 1
             return None
-        if fmt == _JPEG:
-            # Every epoch sees the re-encoded image, this one too.
-            return self._from_payload(payload, fitted.width, fitted.height, fitted.mode,
-                                      fmt, transform)
-        if fitted is img and transform is None and type(img) is not Image.Image:
-            fitted = img.copy()  # pil_loader gives a plain Image, not the decoder's
-        return _apply(fitted, transform)
+        # Every epoch, this one too, sees the stored image (a re-encoded JPEG is
+        # decoded again), and raw pixels take the fast path from bytes.
+        return self._from_payload(payload, fitted.width, fitted.height, fitted.mode, fmt,
+                                  transform)
 
     def _key(self, path: str, stat: os.stat_result, tag: str) -> tuple[int, int]:
         digest = hashlib.blake2b(os.fsencode(os.path.abspath(path)), digest_size=16)
