@@ -319,7 +319,7 @@ def measure_fastload_cached(root: str, workers: int, cache: str, batch_size: int
     from .dataset import Subset
     from .vision.cache import DecodedImageCache
 
-    folder = copy.copy(_image_folder(root, standard_transform()))
+    folder = _image_folder(root, standard_transform())  # a copy: the cache is this one's
     folder.image_cache = DecodedImageCache(cache, max_side=cache_max_side, format=cache_format)
     indices = _sample_indices(len(folder), max_images)
     dataset = folder if indices is None else Subset(folder, indices)

@@ -50,14 +50,13 @@ import threading
 import time
 import warnings
 import weakref
-import zlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from PIL import Image
 
-from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes
+from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes, data_checksum
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
 from .resample import fusable, resize_rgb_bytes_to_chw
@@ -161,7 +160,7 @@ class DecodedImageCache:
 
     def stats(self) -> dict:
         """This process's counts: ``hits`` (read from the store), ``stored`` and
-        ``stored_bytes`` (added), ``over_bound`` (not stored: ``max_bytes``),
+        ``stored_bytes`` (what the store grew by), ``over_bound`` (not stored: ``max_bytes``),
         ``not_cached`` (loaded as without a cache), and ``entries`` it knows of."""
         return dict(self._stats, entries=len(self._table))
 
@@ -248,7 +247,7 @@ class DecodedImageCache:
 
     def _from_entry(self, entry: Entry, transform: Any) -> tuple[Any, Steps] | None:
         view = self._files.view(entry)
-        if view is None or zlib.crc32(view) != entry.data_crc or entry.mode >= len(_MODES):
+        if view is None or data_checksum(view) != entry.data_sum or entry.mode >= len(_MODES):
             return None  # bytes missing or damaged (a crash of the machine): decode again
         try:
             return self._from_payload(view, entry.width, entry.height, _MODES[entry.mode],
@@ -320,7 +319,7 @@ class DecodedImageCache:
             with self._lock:
                 if self._writer is None:
                     self._writer = StoreWriter(self.directory)
-                record, at = self._writer.append(key[0], key[1], payload, img.width,
+                record, at, added = self._writer.append(key[0], key[1], payload, img.width,
                                                  img.height, _MODE_NUMBERS[img.mode], fmt)
                 self._table.add_own(record, self._writer.stem, at)
         except OSError as error:
@@ -330,9 +329,9 @@ class DecodedImageCache:
                 self._writer = None
             self._warn(error, "cannot be written")
             return False
-        self._counted_bytes += len(payload)
+        self._counted_bytes += added
         self._stats["stored"] += 1
-        self._stats["stored_bytes"] += len(payload)
+        self._stats["stored_bytes"] += added
         return True
 
     def _store_bytes(self) -> int:
