@@ -206,15 +206,16 @@ class IndexTable:
             rows = table[1]
             while at < len(keys_hi) and int(keys_hi[at]) == key_hi:
                 row = rows[at]
-                if int(row["key_lo"]) == key_lo:
+                if row.item()[3] == key_lo:
                     return self._entry(row, int(table[2][at]))
                 at += 1
         return None
 
     def _entry(self, row: np.void, number: int) -> Entry:
-        return Entry(self._file_names[number], int(row["offset"]), int(row["length"]),
-                     int(row["width"]), int(row["height"]), int(row["mode"]),
-                     int(row["format"]), int(row["data_sum"]))
+        # One .item() gives every field as a Python int (field by field is ~8x slower).
+        (_, _, _, _, offset, length, width, height, mode, fmt, data_sum, _) = row.item()
+        return Entry(self._file_names[number], offset, length, width, height, mode, fmt,
+                     data_sum)
 
 
 def _empty_table() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
