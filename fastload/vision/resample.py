@@ -136,20 +136,29 @@ class _PackedRGB:
         the passes keep apart and which is dropped), whatever byte follows them."""
         assert (encoder, mode) == ("raw", "RGBX")
         width, height = self.region
-        words = np.empty((height, width), dtype=np.uint32)
-        # Read as unaligned 32-bit words, 3 bytes apart: one fast copy.  The last
-        # pixel of the buffer has no byte after it; that row is copied bytewise.
+        # Read as unaligned 32-bit words, 3 bytes apart, in the order wanted
+        # (rows, or columns when transposed): one fast strided copy.  The last
+        # pixel of the buffer has no byte after it; its row is copied bytewise.
         last = height if self.offset + (height - 1) * self.row_bytes + width * 3 < len(self.buffer) \
             else height - 1
+        if self.transposed:
+            words = np.empty((width, height), dtype=np.uint32)
+            rows, strides = words[:, :last], (3, self.row_bytes)
+        else:
+            words = np.empty((height, width), dtype=np.uint32)
+            rows, strides = words[:last], (self.row_bytes, 3)
         if last:
-            words[:last] = np.ndarray((last, width), dtype="<u4", buffer=self.buffer,
-                                      offset=self.offset, strides=(self.row_bytes, 3))
+            rows[...] = np.ndarray(rows.shape, dtype="<u4", buffer=self.buffer,
+                                   offset=self.offset, strides=strides)
         if last < height:
             start = self.offset + last * self.row_bytes
-            row = np.frombuffer(self.buffer, np.uint8, width * 3, start).reshape(width, 3)
-            words[last:].view(np.uint8).reshape(width, 4)[:, :3] = row
-        if self.transposed:
-            words = np.ascontiguousarray(words.T)
+            packed = np.frombuffer(self.buffer, np.uint8, width * 3, start).reshape(width, 3)
+            row = np.zeros(width, dtype=np.uint32)
+            row.view(np.uint8).reshape(width, 4)[:, :3] = packed
+            if self.transposed:
+                words[:, last] = row
+            else:
+                words[last] = row
         return words.view(np.uint8)
 
 
