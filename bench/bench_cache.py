@@ -161,7 +161,7 @@ def section(results: list[dict], command: str) -> str:
         "",
         f"`{command}` on {platform.machine()}, {cores} CPUs, Python {platform.python_version()},",
         "on **a loaded machine**: other helpers ran benchmarks and tests at the same time (load",
-        "average 5-10 on 2 CPUs), so wall-clock rates swing by 2x between rounds.  Each cell is",
+        "average from ~0 to ~10 on 2 CPUs), so wall-clock rates swing by 2x between rounds.  Each cell is",
         "images per wall second / images per CPU second (main process + workers, workers joined",
         "inside the epoch); the CPU figure is what load changes least and what the ratios use.",
         "Medians of rotated rounds; torch = torch.utils.data.DataLoader over a torchvision-style",
