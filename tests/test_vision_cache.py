@@ -343,7 +343,7 @@ def test_damaged_records_and_bytes_are_never_read(folder, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
         f.seek(0, os.SEEK_END)
         f.write(b"\x01" * 40)  # and a torn record at the end
-    with open(data_file, "r+b") as f:  # a pixel of the first entry changed: fails its CRC
+    with open(data_file, "r+b") as f:  # a pixel of the first entry changed: fails its checksum
         f.seek(5)
         byte = f.read(1)
         f.seek(5)
@@ -583,3 +583,26 @@ def test_stored_pixels_resize_as_pillow_crops_and_resizes(flip):
                     (box, size, resample)
     with pytest.raises(ValueError, match="not inside"):
         resize_rgb_bytes_to_chw(stored, 53, 37, (0, 0, 54, 37), (8, 8), Image.Resampling.BILINEAR)
+
+
+def test_jpeg_entries_transform_as_the_re_encoded_file_would(folder, tmp_path):
+    # A folder holding, at the same places, the re-encoded JPEGs themselves.
+    twin = tmp_path / "twin"
+    for label, name, _ in FILES:
+        path = os.path.join(folder, label, name)
+        buffer = io.BytesIO()
+        reference(path).save(buffer, "JPEG", quality=90)
+        os.makedirs(twin / label, exist_ok=True)
+        (twin / label / name).write_bytes(buffer.getvalue())
+    transform = T.Compose([T.RandomResizedCrop(20), T.RandomHorizontalFlip(), T.ToArray()])
+    cached = ImageFolder(folder, transform=transform, cache=tmp_path / "c", cache_max_side=SIDE,
+                         cache_format="jpeg")
+    files = ImageFolder(str(twin), transform=transform, is_valid_file=lambda p: True)
+    for epoch in range(2):
+        for index in range(len(cached)):
+            seed_transform_rng(index, epoch)
+            got, _ = cached[index]
+            seed_transform_rng(index, epoch)
+            expected, _ = files[index]
+            assert np.array_equal(got, expected), (epoch, index)
+    assert cached.image_cache.stats()["hits"] == len(FILES)

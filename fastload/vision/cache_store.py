@@ -15,10 +15,10 @@ step 2 cannot tear a 64-byte append (one ``write`` of a block-aligned record),
 and a record damaged any other way (a crash of the machine) fails its
 checksum.  Readers therefore only ever see complete entries, and they check
 each entry's bytes against its checksum when they read them (a crash of the
-machine can leave a record whose data pages never reached the disk).  When a later process finds a
-pair whose owner is gone (its lock is free), it adopts it: it cuts off the
-uncommitted tail of both files and appends there, so the number of files stays
-that of the most writers that ever ran at once.
+machine can leave a record whose data pages never reached the disk).  When a
+later process finds a pair whose owner is gone (its lock is free), it adopts
+it: it cuts off the uncommitted tail of both files and appends there, so the
+number of files stays that of the most writers that ever ran at once.
 
 Readers keep the index as numpy arrays (``IndexTable``): forked workers that
 look entries up write nothing to the pages they share with their parent.
@@ -66,8 +66,8 @@ def data_checksum(data: bytes | memoryview) -> int:
 
     What it must catch is what a crash of the machine does to a file: pages
     of zeros, or stale pages, where the bytes should be.  A sum does that, at
-    memory speed (zlib's CRC32 runs ~10x slower and would be a large part of
-    reading a cached image).  Entries start 64-byte aligned, so the words are.
+    memory speed (zlib's CRC32 is several times slower, a large part of reading
+    a cached image).  Entries start 64-byte aligned, so the words are.
     """
     view = memoryview(data).cast("B")
     whole = len(view) // 8 * 8
