@@ -308,12 +308,14 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
 def measure_fastload_cached(root: str, workers: int, cache: str, batch_size: int = 64, *,
                             epochs: int = 2, max_images: int | None = None, seed: int = 0,
                             cache_format: str = "raw", cache_max_side: int = 512,
-                            progress: bool = False) -> list[dict]:
+                            decode: str = "auto", progress: bool = False) -> list[dict]:
     """One result per epoch of ``fastload.DataLoader`` over ``ImageFolder(root, cache=cache)``.
 
     Epoch 1 fills the decoded-image cache (unless an earlier run did);
     later epochs read it.  Each result also holds ``cache_entries``: how many
-    images the store held after that epoch.
+    images the store held after that epoch.  ``decode`` is accepted with the
+    other common options and changes nothing: filling the cache always
+    decodes in full, and later epochs decode no JPEG.
     """
     from .dataloader import DataLoader
     from .dataset import Subset
