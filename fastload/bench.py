@@ -359,6 +359,41 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
                    _mean_file_bytes(folder, indices))
 
 
+def measure_fastload_cached(root: str, workers: int, cache: str, batch_size: int = 64, *,
+                            epochs: int = 2, max_images: int | None = None, seed: int = 0,
+                            cache_format: str = "raw", cache_max_side: int = 512,
+                            decode: str = "auto", progress: bool = False) -> list[dict]:
+    """One result per epoch of ``fastload.DataLoader`` over ``ImageFolder(root, cache=cache)``.
+
+    Epoch 1 fills the decoded-image cache (unless an earlier run did);
+    later epochs read it.  Each result also holds ``cache_entries``: how many
+    images the store held after that epoch.  ``decode`` is accepted with the
+    other common options and changes nothing: filling the cache always
+    decodes in full, and later epochs decode no JPEG.
+    """
+    from .dataloader import DataLoader
+    from .dataset import Subset
+    from .vision.cache import DecodedImageCache
+
+    folder = _image_folder(root, standard_transform())  # a copy: the cache is this one's
+    folder.image_cache = DecodedImageCache(cache, max_side=cache_max_side, format=cache_format)
+    indices = _sample_indices(len(folder), max_images)
+    dataset = folder if indices is None else Subset(folder, indices)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                        generator=seed)
+    results = []
+    for epoch in range(1, epochs + 1):
+        images, seconds, first = _run_epochs(loader, 1, f"fastload + cache, epoch {epoch}",
+                                             progress)
+        result = _result("fastload+cache", workers, batch_size, images, seconds, first,
+                         _mean_file_bytes(folder, indices))
+        store = DecodedImageCache(cache)
+        store.refresh()
+        result["cache_entries"] = store.stats()["entries"]
+        results.append(result)
+    return results
+
+
 def compare_rounds(root: str, workers: int, batch_size: int = 64, *, rounds: int = 3,
                    epochs: int = 1, max_images: int | None = None, seed: int = 0,
                    decode: str = "auto", frameworks: Sequence[str] = ("fastload", "torch"),
@@ -474,6 +509,19 @@ def add_arguments(parser: Any) -> None:
                              "every image in full, as torch's side always does (like for like)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_cache_arguments(parser)
+
+
+def add_cache_arguments(parser: Any) -> None:
+    """``--cache DIR``: measure ``ImageFolder(cache=DIR)``, epoch 1 and later epochs apart."""
+    parser.add_argument("--cache", metavar="DIR", default=None,
+                        help="use a decoded-image cache in DIR (ImageFolder(cache=DIR)) and report "
+                             "epoch 1 (filling it) and later epochs (reading it) separately; "
+                             "--epochs counts both (at least 2)")
+    parser.add_argument("--cache-format", choices=["raw", "jpeg"], default="raw",
+                        help="how --cache stores images (default raw pixels)")
+    parser.add_argument("--cache-max-side", type=int, default=512, metavar="PIXELS",
+                        help="longest side of a cached image (default 512)")
 
 
 def _check_options(options: Any) -> None:
@@ -489,6 +537,9 @@ def _check_options(options: Any) -> None:
         raise SystemExit(f"fastload bench: --max-images must be at least 1, got {options.max_images}")
     if options.root is not None and not os.path.isdir(options.root):
         raise SystemExit(f"fastload bench: ROOT {options.root!r} is not a directory")
+    if getattr(options, "cache", None) is not None and options.cache_max_side < 1:
+        raise SystemExit(f"fastload bench: --cache-max-side must be at least 1, got "
+                         f"{options.cache_max_side}")
     if options.root is None and options.images < options.classes:
         raise SystemExit(f"fastload bench: --images ({options.images}) must be at least --classes "
                          f"({options.classes}): the synthetic folder needs an image in every class")
@@ -587,8 +638,12 @@ def _measure_and_report(options: Any) -> int:
           f"RandomHorizontalFlip, to uint8 CHW; batch {options.batch_size}, "
           f"{options.workers} workers, {options.epochs} epoch(s) x {rounds} round(s)", flush=True)
 
-    print(_decode_line(root, options), flush=True)
     common = dict(max_images=options.max_images, seed=options.seed, decode=options.decode)
+    if getattr(options, "cache", None) is not None:
+        print("  decode: fastload decodes in full while epoch 1 fills the cache, then reads "
+              "cached pixels; torch full", flush=True)
+        return _report_cached(options, root, rounds, progress, common)
+    print(_decode_line(root, options), flush=True)
     pipeline = measure_pipeline_limit(root, options.workers, progress=progress, **common)
     limit = pipeline["limit_images_per_s"]
     print(_line("pipeline, no loader, 1 proc", pipeline))
@@ -622,4 +677,35 @@ def _measure_and_report(options: Any) -> int:
         title = f"{os.path.basename(root.rstrip(os.sep))}: batch {options.batch_size}, {cores} cores"
         plot_scaling(points, pipeline["images_per_s"], options.plot, title)
         print(f"plot written to {options.plot}")
+    return 0
+
+
+def _report_cached(options: Any, root: str, rounds: int, progress: bool, common: dict) -> int:
+    """``--cache DIR``: epoch 1 and epochs 2.. of the cached loader, apart; torch with --compare."""
+    epochs = max(options.epochs, 2)
+    per_round: list[list[dict]] = []
+    torch_rates: list[float] = []
+    for round_no in range(rounds):
+        seeded = dict(common, seed=options.seed + round_no)
+        per_round.append(measure_fastload_cached(root, options.workers, options.cache,
+                                                 options.batch_size, epochs=epochs,
+                                                 cache_format=options.cache_format,
+                                                 cache_max_side=options.cache_max_side,
+                                                 progress=progress, **seeded))
+        if options.compare:
+            torch_rates.append(measure_torch(root, options.workers, options.batch_size,
+                                             progress=progress, **seeded)["images_per_s"])
+    median = statistics.median
+    first = [results[0] for results in per_round]
+    print(_line(f"cache, epoch 1 ({options.workers} w)", sorted(
+        first, key=lambda r: r["images_per_s"])[len(first) // 2]))
+    print(f"{'':<28}rounds: " + ", ".join(f"{r['images_per_s']:.1f}" for r in first)
+          + f"; store then held {first[0]['cache_entries']} images ({options.cache})")
+    later = [median(r["images_per_s"] for r in results[1:]) for results in per_round]
+    print(f"{'cache, epochs 2-' + str(epochs):<28}{median(later):>9.1f} images/s  rounds: "
+          + ", ".join(f"{rate:.1f}" for rate in later))
+    if torch_rates:
+        print(f"{'torch (' + str(options.workers) + ' workers)':<28}{median(torch_rates):>9.1f} "
+              f"images/s")
+        print(f"{'cache epochs 2+ / torch':<28}{median(later) / median(torch_rates):>9.2f}x")
     return 0

@@ -287,3 +287,19 @@ def test_bench_on_small_images_says_both_decode_in_full(tiny_folder):
     done = run_cli("bench", tiny_folder, "--workers", "0", "--batch-size", "8", "--no-progress")
     assert done.returncode == 0, done.stderr
     assert "decode: full on both sides (no crop is large enough" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_bench_with_a_cache_reports_epoch_one_and_later_epochs_apart(tiny_folder, tmp_path):
+    from fastload.vision.cache import DecodedImageCache
+
+    cache = str(tmp_path / "cache")
+    done = run_cli("bench", tiny_folder, "--epochs", "3", "--workers", "2", "--batch-size", "8",
+                   "--cache", cache, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert rates(done.stdout, "cache, epoch 1")[0] > 0
+    assert rates(done.stdout, "cache, epochs 2-3")[0] > 0
+    assert "store then held 40 images" in done.stdout
+    store = DecodedImageCache(cache)
+    store.refresh()
+    assert store.stats()["entries"] == 40

@@ -51,7 +51,8 @@ from PIL import Image
 from .resample import fusable
 from .transforms import Compose, RandomHorizontalFlip, RegionPlan, ToArray
 
-__all__ = ["pil_loader", "default_loader", "RegionPlanner", "split_planned_head", "decode_planned"]
+__all__ = ["pil_loader", "default_loader", "RegionPlanner", "split_planned_head", "decode_planned",
+           "decode_planned_stream", "render_planned"]
 
 
 def pil_loader(path: str) -> Image.Image:
@@ -127,15 +128,42 @@ def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any]
     with reading:
         f = open(path, "rb")
     with f:
-        with reading:
-            img = Image.open(f)
-            full_width, full_height = img.size
-        plan = head.plan_region(full_width, full_height)
-        reduction = plan.max_reduction()
-        with reading:
-            if reduction > 1:
-                reduction = _draft(img, reduction)
-            img = _as_rgb(img)
+        img, plan, reduction = _decode_for_plan(f, head, reading)
+    return _render(img, plan, reduction, rest)
+
+
+def decode_planned_stream(f: Any, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = (),
+                          reading: AbstractContextManager = nullcontext()
+                          ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
+    """``decode_planned`` of an open binary file (the decoded-image cache's stored JPEGs)."""
+    img, plan, reduction = _decode_for_plan(f, head, reading)
+    return _render(img, plan, reduction, rest)
+
+
+def render_planned(img: Image.Image, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = ()
+                   ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
+    """``decode_planned``'s result for an image already decoded: ``head(img)``, fused
+    with ``[RandomHorizontalFlip,] ToArray`` at the start of ``rest`` as there."""
+    return _render(img, head.plan_region(*img.size), 1, rest)
+
+
+def _decode_for_plan(f: Any, head: RegionPlanner, reading: AbstractContextManager
+                     ) -> tuple[Image.Image, RegionPlan, int]:
+    """Decode ``f`` at the reduction ``head``'s plan allows; ``(image, plan, reduction)``."""
+    with reading:
+        img = Image.open(f)
+        full_width, full_height = img.size
+    plan = head.plan_region(full_width, full_height)
+    reduction = plan.max_reduction()
+    with reading:
+        if reduction > 1:
+            reduction = _draft(img, reduction)
+        img = _as_rgb(img)
+    return img, plan, reduction
+
+
+def _render(img: Image.Image, plan: RegionPlan, reduction: int,
+            rest: Sequence[Callable[[Any], Any]]) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
     flip_step, fused_steps = _flip_and_to_array(rest)
     if fused_steps and not plan.is_empty and fusable(img.mode, plan.resample):
         flip = flip_step.flips() if flip_step is not None else False

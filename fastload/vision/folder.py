@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..dataset import Dataset, int64_indices
+from .cache import make_image_cache
 from .decode import decode_planned, default_loader, pil_loader, split_planned_head
 from .sample_table import SampleTable, SampleTableBuilder, TargetList
 
@@ -249,23 +250,38 @@ class DatasetFolder(Dataset):
         target_transform: applied to each class index.
         is_valid_file: ``path -> bool``, which files to keep; exclusive with ``extensions``.
         allow_empty: allow classes with no valid file instead of raising.
+        cache: a directory for a decoded-image cache (``fastload.vision.cache``),
+            or None (the default) for none: the first epoch stores each image,
+            shrunk to ``cache_max_side`` on its longer side; later epochs and
+            runs read it from there, and transforms run on it as if it were the file.
+        cache_max_side: the longest side an image is cached at (never enlarged).
+        cache_max_bytes: past this many bytes in the store, images are not cached.
+        cache_format: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (re-encoded at
+            quality 90: smaller, for datasets whose raw pixels would not fit).
 
     Attributes (torchvision's): ``root``, ``loader``, ``extensions``, ``classes``,
     ``class_to_idx``, ``samples`` (a list-like of ``(path, class_index)``,
     stored as numpy arrays), ``targets`` (a list-like of ints),
-    ``transform``, ``target_transform``.
+    ``transform``, ``target_transform``; and ``image_cache`` (the
+    ``DecodedImageCache``, or None).
 
     A file that cannot be loaded raises its original exception type (e.g.
     ``PIL.UnidentifiedImageError``, ``OSError``) with a message naming the
     sample index and the path.
     """
 
+    image_cache = None  # for instances made without __init__ (copies, subclasses)
+
     def __init__(self, root: str | os.PathLike, loader: Callable[[str], Any],
                  extensions: str | tuple[str, ...] | None = None,
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None,
-                 allow_empty: bool = False) -> None:
+                 allow_empty: bool = False, *, cache: str | os.PathLike | None = None,
+                 cache_max_side: int = 512, cache_max_bytes: int | None = None,
+                 cache_format: str = "raw") -> None:
+        # Checked first: a bad cache argument fails before a long scan.
+        self.image_cache = make_image_cache(cache, cache_max_side, cache_max_bytes, cache_format)
         if isinstance(root, str):
             root = os.path.expanduser(root)
         self.root = root
@@ -341,16 +357,20 @@ class DatasetFolder(Dataset):
             head = None
         reading = _SampleFileErrors(path, index)
         try:
-            if head is not None:
+            # The decoded-image cache, when on, serves the image (or decodes
+            # and stores it); None means: load it as without a cache.
+            cached = None if self.image_cache is None else \
+                self.image_cache.load(path, loader, transform, reading)
+            if cached is not None:
+                sample, rest = cached
+            elif head is not None:
                 sample, rest = decode_planned(path, head, rest, reading)
             else:
                 with reading:
                     sample = loader(path)
-            if head is not None:
-                for step in rest:
-                    sample = step(sample)
-            elif transform is not None:
-                sample = transform(sample)
+                rest = (transform,) if transform is not None else ()
+            for step in rest:
+                sample = step(sample)
             if self.target_transform is not None:
                 target = self.target_transform(target)
         except Exception as error:
@@ -411,16 +431,22 @@ class ImageFolder(DatasetFolder):
     least as many pixels as its output; see ``fastload.vision.decode``.  The
     random draws and the region covered are those of a full decode; pixel
     values differ only by resampling error.  ``imgs`` is ``samples``.
+    ``cache=DIR`` keeps decoded images for later epochs and runs (see
+    ``DatasetFolder`` and ``fastload.vision.cache``).
     """
 
     def __init__(self, root: str | os.PathLike, transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None,
                  loader: Callable[[str], Any] = default_loader,
                  is_valid_file: Callable[[str], bool] | None = None,
-                 allow_empty: bool = False) -> None:
+                 allow_empty: bool = False, *, cache: str | os.PathLike | None = None,
+                 cache_max_side: int = 512, cache_max_bytes: int | None = None,
+                 cache_format: str = "raw") -> None:
         super().__init__(root, loader, IMG_EXTENSIONS if is_valid_file is None else None,
                          transform=transform, target_transform=target_transform,
-                         is_valid_file=is_valid_file, allow_empty=allow_empty)
+                         is_valid_file=is_valid_file, allow_empty=allow_empty, cache=cache,
+                         cache_max_side=cache_max_side, cache_max_bytes=cache_max_bytes,
+                         cache_format=cache_format)
 
     @property
     def imgs(self) -> SampleTable:

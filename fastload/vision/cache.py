@@ -1,0 +1,407 @@
+"""A decoded-image cache behind ``ImageFolder`` / ``DatasetFolder`` (``cache=DIR``).
+
+Decoding JPEGs is most of what loading images costs, and every epoch decodes
+every file again.  With ``cache=DIR`` the first epoch decodes each image as
+usual and also stores it, shrunk so its longer side is at most
+``cache_max_side``, in a memory-mapped store under ``DIR``
+(``fastload.vision.cache_store``: a data file and an index per writing
+process).  Later epochs, and later runs, read the pixels from the store.
+
+What the transforms see
+-----------------------
+The cached image stands in for the file: transforms run on it as if it were
+the file.  It is the image decoded in full (never a reduced JPEG decode),
+converted as the loader converts it (RGB for the default loader), then, when
+its longer side exceeds ``cache_max_side``, resized with Pillow's LANCZOS
+filter (the sharpest antialiased filter Pillow has; it runs once per image, at
+fill time) so that the longer side is exactly ``cache_max_side`` and the
+shorter keeps the aspect ratio (rounded, at least 1).  Images never grow.  So:
+
+* an image within ``cache_max_side`` gives exactly the pixels a full decode
+  gives, and the transforms then exactly what they give on that decode;
+* a larger image is seen by the transforms at the cached size:
+  ``RandomResizedCrop`` draws its box (area fraction and ratio, the same
+  random numbers) on the cached size, and ``Resize`` / ``CenterCrop`` work on
+  the cached pixels; the output has the size the transform asks for, made
+  from fewer source pixels.
+* with ``cache_format="jpeg"`` the cached image is that image re-encoded as a
+  JPEG of quality 90 (Pillow's defaults otherwise), decoded again: every epoch,
+  the first too, sees the re-encoded image, and a crop large enough for a
+  reduced-size decode of it uses one, as it would on a file.
+
+The first epoch sees the same cached image as later ones.  Images the cache
+does not keep (past ``cache_max_bytes``, or when the directory cannot be
+written) load exactly as without a cache.
+
+Entries are keyed by the file's absolute path, size, ``st_mtime_ns`` and
+inode, ``cache_max_side`` and the loader, so a changed or replaced file is
+decoded again, and one directory serves several settings.  A file that is gone
+raises what it raises without the cache.  Which format an entry was stored in
+does not matter to a reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import struct
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from PIL import Image
+
+from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes, data_checksum
+from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
+                     pil_loader, render_planned, split_planned_head)
+from .resample import fusable, resize_rgb_bytes_to_chw
+from .transforms import _PIL_FILTERS
+
+__all__ = ["DecodedImageCache", "make_image_cache", "cached_size", "CACHE_FORMATS"]
+
+CACHE_FORMATS = ("raw", "jpeg")
+JPEG_QUALITY = 90
+_RAW, _JPEG = 0, 1
+_MODES = ("L", "RGB", "RGBA")  # stored mode number -> Pillow mode
+_MODE_NUMBERS = {mode: number for number, mode in enumerate(_MODES)}
+_BYTES_PER_PIXEL = {"L": 1, "RGB": 3, "RGBA": 4}
+# How often a process looks for entries other processes committed, at most,
+# while it meets images it has not seen stored, and re-counts the store's size.
+_REFRESH_SECONDS = 1.0
+_RESIZE_FILTER = Image.Resampling.LANCZOS
+
+Steps = Sequence[Callable[[Any], Any]]
+
+
+def cached_size(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """The ``(width, height)`` an image is cached at: the longer side at most ``max_side``."""
+    longer = max(width, height)
+    if longer <= max_side:
+        return width, height
+    if width >= height:
+        return max_side, max(1, round(height * max_side / width))
+    return max(1, round(width * max_side / height)), max_side
+
+
+def make_image_cache(cache: str | os.PathLike | None, max_side: int = 512,
+                     max_bytes: int | None = None,
+                     format: str = "raw") -> "DecodedImageCache | None":
+    """The folder datasets' ``cache*`` arguments checked and turned into a cache (or None)."""
+    if not isinstance(max_side, int) or isinstance(max_side, bool) or max_side < 1:
+        raise ValueError(f"cache_max_side must be a positive int, got {max_side!r}")
+    if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
+                                  or max_bytes < 0):
+        raise ValueError(f"cache_max_bytes must be None or an int >= 0, got {max_bytes!r}")
+    if format not in CACHE_FORMATS:
+        raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {format!r}")
+    if cache is None:
+        return None
+    if not isinstance(cache, (str, os.PathLike)):
+        raise TypeError(f"cache must be a directory path (str or os.PathLike), got "
+                        f"{type(cache).__name__}")
+    return DecodedImageCache(cache, max_side=max_side, max_bytes=max_bytes, format=format)
+
+
+class DecodedImageCache:
+    """Decoded images of a folder dataset, stored under ``directory`` and shared by processes.
+
+    ``load`` is what the dataset calls per sample; ``stats()`` counts this
+    process's hits, fills and skips.  Picklable (a spawned worker opens the
+    store itself); a forked one shares its parent's index pages.
+    """
+
+    def __init__(self, directory: str | os.PathLike, max_side: int = 512,
+                 max_bytes: int | None = None, format: str = "raw") -> None:
+        self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+        self.max_side, self.max_bytes, self.format = max_side, max_bytes, format
+        self._usable, self._warned = True, False
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as error:
+            self._usable = False
+            self._warn(error, "cannot be created")
+        self._start_process()
+        _LIVE_CACHES.add(self)
+
+    def _start_process(self) -> None:
+        """Per-process state: a fresh table and maps, no writer yet, zeroed stats."""
+        self._pid = os.getpid()
+        self._table = IndexTable(self.directory)
+        self._files = DataFiles(self.directory)
+        self._writer: StoreWriter | None = None
+        self._writes_off = not self._usable
+        self._bound_reached = False
+        self._warned = not self._usable
+        self._refreshed_at = float("-inf")
+        self._refreshed_in = -1
+        self._counted_at, self._counted_bytes = float("-inf"), 0
+        self._lock = threading.Lock()
+        self._stats = dict(hits=0, stored=0, stored_bytes=0, over_bound=0, not_cached=0)
+
+    def __getstate__(self) -> dict:
+        return dict(directory=self.directory, max_side=self.max_side, max_bytes=self.max_bytes,
+                    format=self.format, usable=self._usable)
+
+    def __setstate__(self, state: dict) -> None:
+        self.directory, self.max_side = state["directory"], state["max_side"]
+        self.max_bytes, self.format, self._usable = state["max_bytes"], state["format"], \
+            state["usable"]
+        self._start_process()
+        _LIVE_CACHES.add(self)
+
+    def __repr__(self) -> str:
+        return (f"DecodedImageCache({self.directory!r}, max_side={self.max_side}, "
+                f"max_bytes={self.max_bytes}, format={self.format!r})")
+
+    def stats(self) -> dict:
+        """This process's counts: ``hits`` (read from the store), ``stored`` and
+        ``stored_bytes`` (what the store grew by), ``over_bound`` (not stored: ``max_bytes``),
+        ``not_cached`` (loaded as without a cache), and ``entries`` it knows of."""
+        return dict(self._stats, entries=len(self._table))
+
+    # -- per sample ---------------------------------------------------------
+
+    def load(self, path: str, loader: Callable[[str], Any], transform: Any,
+             reading: AbstractContextManager) -> tuple[Any, Steps] | None:
+        """``(sample, steps still to apply)`` from the store, or decoded and stored now;
+        None when this image is not cached (the caller loads it as without a cache).
+
+        Reading the file (and its ``stat``) runs inside ``reading``, as the
+        folder's own loading does, so errors name the sample the same way.
+        """
+        if not self._usable:
+            return None
+        if self._pid != os.getpid():
+            self._after_fork()
+        with reading:
+            stat = os.stat(path)
+        tag = _loader_tag(loader)
+        key = self._key(path, stat, tag)
+        entry = self._find(key)
+        if entry is not None:
+            done = self._from_entry(entry, transform)
+            if done is not None:
+                self._stats["hits"] += 1
+                return done
+        if self._writes_off or self._bound_reached or (
+                self.max_bytes is not None and self._store_bytes() >= self.max_bytes):
+            self._stats["not_cached"] += 1
+            return None
+        img, key = self._decode_full(path, loader, tag, key, reading)
+        if not isinstance(img, Image.Image) or img.mode not in _MODE_NUMBERS:
+            self._stats["not_cached"] += 1  # nothing the store can hold: as it is
+            return img, (() if transform is None else (transform,))
+        fitted = self._fit(img)
+        payload, fmt = self._encode(fitted)
+        if key is None or not self._store(key, payload, fitted, fmt):
+            # Not kept (changed while read, over the bound, a failed write):
+            # loaded as without a cache, like every image not cached.
+            self._stats["not_cached"] += 1
+            return None
+        # Every epoch, this one too, sees the stored image (a re-encoded JPEG is
+        # decoded again), and raw pixels take the fast path from bytes.
+        return self._from_payload(payload, fitted.width, fitted.height, fitted.mode, fmt,
+                                  transform)
+
+    def _key(self, path: str, stat: os.stat_result, tag: str) -> tuple[int, int]:
+        digest = hashlib.blake2b(os.fsencode(os.path.abspath(path)), digest_size=16)
+        digest.update(struct.pack("<qqQq", stat.st_size, stat.st_mtime_ns, stat.st_ino,
+                                  self.max_side))
+        digest.update(tag.encode("utf-8", "surrogateescape"))
+        raw = digest.digest()
+        return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+
+    def _find(self, key: tuple[int, int]) -> Entry | None:
+        entry = self._table.find(*key)
+        if entry is None:
+            now = time.monotonic()
+            if now - self._refreshed_at >= _REFRESH_SECONDS or self._refreshed_in != self._pid:
+                self.refresh(now)
+                entry = self._table.find(*key)
+        return entry
+
+    def refresh(self, now: float | None = None) -> None:
+        """Read the entries other processes committed since the last look."""
+        if not self._usable:
+            return
+        with self._lock:
+            self._table.refresh()
+            self._refreshed_at = time.monotonic() if now is None else now
+            self._refreshed_in = os.getpid()
+
+    def _after_fork(self) -> None:
+        """In a forked child: keep the parent's table (shared pages), drop its writer."""
+        if self._writer is not None:
+            self._writer.close()  # the parent's lock stays the parent's
+            self._writer = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._stats = dict.fromkeys(self._stats, 0)
+
+    # -- reading ------------------------------------------------------------
+
+    def _from_entry(self, entry: Entry, transform: Any) -> tuple[Any, Steps] | None:
+        view = self._files.view(entry)
+        if view is None or data_checksum(view) != entry.data_sum or entry.mode >= len(_MODES):
+            return None  # bytes missing or damaged (a crash of the machine): decode again
+        try:
+            return self._from_payload(view, entry.width, entry.height, _MODES[entry.mode],
+                                      entry.format, transform)
+        except (OSError, ValueError, SyntaxError):  # what Pillow raises on bad bytes
+            return None
+
+    def _from_payload(self, payload: Any, width: int, height: int, mode: str, fmt: int,
+                      transform: Any) -> tuple[Any, Steps]:
+        if fmt == _RAW:
+            if len(payload) != width * height * _BYTES_PER_PIXEL[mode]:
+                raise ValueError("stored image has the wrong length")
+            if mode == "RGB" and transform is not None:
+                fused = _fused_from_pixels(payload, width, height, transform)
+                if fused is not None:
+                    return fused
+            return _apply(Image.frombytes(mode, (width, height), payload), transform)
+        stream = io.BytesIO(payload)
+        head, rest = split_planned_head(transform) if transform is not None else (None, ())
+        if head is not None and mode == "RGB":
+            return decode_planned_stream(stream, head, rest)
+        img = Image.open(stream)
+        img.load()
+        if img.mode != mode or img.size != (width, height):
+            raise ValueError("stored JPEG does not decode to the stored size and mode")
+        return _apply(img.copy() if transform is None else img, transform)
+
+    # -- filling ------------------------------------------------------------
+
+    def _decode_full(self, path: str, loader: Callable[[str], Any], tag: str,
+                     key: tuple[int, int], reading: AbstractContextManager
+                     ) -> tuple[Any, tuple[int, int] | None]:
+        """The loader's image, decoded in full, and the key of the file decoded
+        (None when it changed while being read: not stored)."""
+        if loader is default_loader or loader is pil_loader:
+            with reading:
+                f = open(path, "rb")
+            with f:
+                with reading:
+                    stat = os.fstat(f.fileno())
+                    img = _as_rgb(Image.open(f))
+            return img, self._key(path, stat, tag)  # the file decoded, even if just replaced
+        with reading:
+            img = loader(path)
+        try:
+            after = self._key(path, os.stat(path), tag)
+        except OSError:
+            after = None
+        return img, (key if after == key else None)
+
+    def _fit(self, img: Image.Image) -> Image.Image:
+        size = cached_size(img.width, img.height, self.max_side)
+        return img if size == img.size else img.resize(size, _RESIZE_FILTER)
+
+    def _encode(self, img: Image.Image) -> tuple[bytes, int]:
+        if self.format == "jpeg" and img.mode in ("L", "RGB"):
+            buffer = io.BytesIO()
+            img.save(buffer, "JPEG", quality=JPEG_QUALITY)
+            return buffer.getvalue(), _JPEG
+        return img.tobytes(), _RAW
+
+    def _store(self, key: tuple[int, int], payload: bytes, img: Image.Image, fmt: int) -> bool:
+        """Commit one entry; False when it was not kept (the bound, a failed write)."""
+        if self.max_bytes is not None and self._store_bytes() + len(payload) > self.max_bytes:
+            self._stats["over_bound"] += 1
+            self._bound_reached = True  # the store only grows: later images go uncached
+            return False
+        try:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = StoreWriter(self.directory)
+                record, at, added = self._writer.append(key[0], key[1], payload, img.width,
+                                                 img.height, _MODE_NUMBERS[img.mode], fmt)
+                self._table.add_own(record, self._writer.stem, at)
+        except OSError as error:
+            self._writes_off = True
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._warn(error, "cannot be written")
+            return False
+        self._counted_bytes += added
+        self._stats["stored"] += 1
+        self._stats["stored_bytes"] += added
+        return True
+
+    def _store_bytes(self) -> int:
+        """The store's size: re-counted at most once a second, plus what this process added."""
+        now = time.monotonic()
+        if now - self._counted_at >= _REFRESH_SECONDS:
+            self._counted_at, self._counted_bytes = now, data_bytes(self.directory)
+        return self._counted_bytes
+
+    def _warn(self, error: OSError, what: str) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        warnings.warn(f"fastload image cache {self.directory!r} {what} ({error}); images "
+                      f"not cached yet are loaded from their files, without storing them",
+                      RuntimeWarning, stacklevel=4)
+
+
+def _apply(img: Image.Image, transform: Any) -> tuple[Any, Steps]:
+    """``(sample, steps left)`` of ``transform`` on a decoded image, fused where it can be."""
+    if transform is None:
+        return img, ()
+    head, rest = split_planned_head(transform)
+    if head is None:
+        return img, (transform,)
+    return render_planned(img, head, rest)
+
+
+def _fused_from_pixels(payload: Any, width: int, height: int, transform: Any
+                       ) -> tuple[Any, Steps] | None:
+    """``render_planned`` of stored raw RGB pixels, straight from the mapped bytes to
+    the output array, when the pipeline starts ``Resize``/``RandomResizedCrop``,
+    ``[RandomHorizontalFlip,] ToArray``: the same pixels and random draws (plan,
+    then flip) without a PIL image.  None for any other pipeline, decided
+    before a random number is drawn."""
+    head, rest = split_planned_head(transform)
+    flip_step, fused_steps = _flip_and_to_array(rest)
+    interpolation = getattr(head, "interpolation", None)
+    if not fused_steps or interpolation not in _PIL_FILTERS \
+            or not fusable("RGB", _PIL_FILTERS[interpolation]):
+        return None
+    plan = head.plan_region(width, height)
+    if plan.is_empty:  # only Pillow's own steps say what happens there
+        return _render(Image.frombytes("RGB", (width, height), payload), plan, 1, rest)
+    flip = flip_step.flips() if flip_step is not None else False
+    return (resize_rgb_bytes_to_chw(payload, width, height, plan.box, plan.size, plan.resample,
+                                    flip), rest[fused_steps:])
+
+
+def _loader_tag(loader: Callable[[str], Any]) -> str:
+    """What part of an entry's key says which loader made the image."""
+    if loader is default_loader or loader is pil_loader:
+        return "rgb"
+    kind = loader if hasattr(loader, "__qualname__") else type(loader)
+    return f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', repr(kind))}"
+
+
+# Before a fork, each live cache reads what the store gained, so forked
+# workers start with the whole index in pages they share with the parent.
+_LIVE_CACHES: "weakref.WeakSet[DecodedImageCache]" = weakref.WeakSet()
+
+
+def _refresh_before_fork() -> None:
+    for cache in list(_LIVE_CACHES):
+        try:
+            if cache._pid == os.getpid() and time.monotonic() - cache._refreshed_at > 0.2:
+                cache.refresh()
+        except Exception:
+            pass  # a fork must not fail for a cache: children refresh on their own
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_refresh_before_fork)
