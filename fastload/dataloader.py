@@ -641,8 +641,8 @@ _WORKERS_EXIT_WAIT = 5.0
 # finalizer, the pool).  A handler of the caller's that raises the moment a
 # finalizer starts, before ``signals_deferred`` holds the signals, ends the
 # teardown there, and a finalizer runs once: the next iterator, or the
-# interpreter's exit, finishes it (a helper's fuzzing, with a timer raising
-# every 0.1 ms, left segments in /dev/shm after the process).
+# interpreter's exit, finishes it (fuzzing with a fast timer whose handler
+# raises left segments in /dev/shm after the process without it).
 _teardowns_due: dict[Ring, tuple[int, Any, WorkerPool]] = {}
 
 
@@ -916,7 +916,7 @@ class _MultiProcessIter(_BaseIter):
         self._next_batch_no += 1
         self._tasks[batch_no] = (worker, slot.slot_id)
         self._load[worker] += 1
-        # Plain tuples and raw bytes pickle ~15x faster than a tuple subclass
+        # Plain tuples and raw bytes pickle far faster than a tuple subclass
         # and an ndarray: this is on the per-batch path of both processes.
         # Only our kernel's batches travel as bytes (and become lists of keys);
         # any other sampler's batch reaches the dataset as it was yielded.
@@ -1064,8 +1064,8 @@ class _MultiProcessIter(_BaseIter):
                 # Every task is answered: no worker writes a slot any more.
                 self._ring.hand_over(self._spares)
             # The workers are idle: they exit on their own, and the caller's
-            # StopIteration does not wait for their teardown (1-2 ms of a
-            # short epoch).  They are reaped when the next pool starts, or
+            # StopIteration does not wait for their teardown (a visible share
+            # of a short epoch).  They are reaped when the next pool starts, or
             # when the loader goes (DataLoader._reap_workers_when_gone).
             self._pool.shutdown(wait=False)
             self.shutdown()
