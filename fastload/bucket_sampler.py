@@ -37,7 +37,7 @@ import numpy as np
 
 from fastload import _core
 from fastload.rng import SeedSource
-from fastload.sampler import Sampler, _from_environment, _initialized_group
+from fastload.sampler import _from_environment, _initialized_group, _SeededSampler
 
 __all__ = ["BucketBatchSampler"]
 
@@ -107,7 +107,7 @@ def _replicas(num_replicas: Any, rank: Any) -> tuple[int, int]:
     return int(num_replicas), int(rank)
 
 
-class BucketBatchSampler(Sampler[list[int]]):
+class BucketBatchSampler(_SeededSampler[list[int]]):
     """Batches of indices whose ``lengths`` are close (see the module's notes).
 
     ``lengths[i]`` is the length of sample ``i`` (tokens, frames).  Each index
@@ -169,14 +169,6 @@ class BucketBatchSampler(Sampler[list[int]]):
     def _length_from_draws(self) -> bool:
         # resume.py asks len() with a state's streams in place when this holds.
         return self.max_tokens is not None and self.shuffle
-
-    @property
-    def generator(self) -> Any:
-        return self._seed_source.given
-
-    @generator.setter
-    def generator(self, value: Any) -> None:
-        self._seed_source = SeedSource(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch: its order mixes it in (the same on every rank)."""

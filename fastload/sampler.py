@@ -82,7 +82,7 @@ class Sampler(Generic[_T_co]):
         raise NotImplementedError
 
 
-class _SeededSampler(Sampler[int]):
+class _SeededSampler(Sampler[_T_co]):
     """A sampler with a random stream: ``generator`` feeds ``_seed_source``."""
 
     _seed_source: SeedSource
@@ -127,7 +127,7 @@ class SequentialSampler(Sampler[int]):
         return np.arange(len(self.data_source), dtype=np.int64)
 
 
-class RandomSampler(_SeededSampler):
+class RandomSampler(_SeededSampler[int]):
     """Random order: a permutation, or ``num_samples`` draws with replacement.
 
     Without replacement and ``num_samples > len(data_source)``, the epoch is
@@ -182,7 +182,7 @@ class RandomSampler(_SeededSampler):
         return _core.permutation_stream(n, count, seed)
 
 
-class SubsetRandomSampler(_SeededSampler):
+class SubsetRandomSampler(_SeededSampler[int]):
     """The given ``indices`` in random order, without replacement.
 
     ``indices`` is read at every epoch, so changing it in place between
@@ -337,7 +337,7 @@ def _real_number(value: Any, where: tuple[int, ...]) -> float:
                     f"{reprlib.repr(value)} ({kind.__name__})")
 
 
-class WeightedRandomSampler(_SeededSampler):
+class WeightedRandomSampler(_SeededSampler[int]):
     """``num_samples`` indices of ``range(len(weights))``, drawn proportionally to ``weights``.
 
     With replacement each draw is O(1) from an alias table, built on the
