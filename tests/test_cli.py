@@ -214,7 +214,9 @@ def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no
     import signal
     import time
 
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # On a machine with one CPU, --workers 2 also gives torch's worker-count warning.
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning")
     proc = subprocess.Popen([sys.executable, "-m", "fastload", "bench", tiny_folder, "--workers", "2",
                              "--batch-size", "4", "--epochs", "1000", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,

@@ -1248,6 +1248,11 @@ def _script(tmp_path, body: str) -> str:
     return str(path)
 
 
+# Scripts that check their stderr start two workers; on a machine with fewer
+# CPUs torch's worker-count warning (which fastload gives too) is not theirs.
+QUIET_ON_FEW_CPUS = "ignore:This DataLoader will create:UserWarning"
+
+
 @contextlib.contextmanager
 def _running(script: str) -> Iterator[subprocess.Popen]:
     """``script`` in a process of its own session, output piped; killed on the way out.
@@ -1259,7 +1264,8 @@ def _running(script: str) -> Iterator[subprocess.Popen]:
     """
     proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "TMPDIR": os.path.dirname(script)})
+                            env={**os.environ, "TMPDIR": os.path.dirname(script),
+                                 "PYTHONWARNINGS": QUIET_ON_FEW_CPUS})
     try:
         yield proc
     finally:
