@@ -154,14 +154,14 @@ def run_workload(name: str, workers: int, batch: int, rounds: int, epochs: int,
                 index_per_image=RECORD_SIZE + 8 + 4)
 
 
-def section(results: list[dict], command: str) -> str:
+def section(results: list[dict], command: str, load: tuple[float, float]) -> str:
     cores = os.cpu_count() or 1
     lines = [
         "## Decoded-image cache",
         "",
         f"`{command}` on {platform.machine()}, {cores} CPUs, Python {platform.python_version()},",
-        "on **a loaded machine**: other helpers ran benchmarks and tests at the same time (load",
-        "average from ~0 to ~10 on 2 CPUs), so wall-clock rates swing by 2x between rounds.  Each cell is",
+        f"1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at the end (other jobs",
+        "on the machine make wall-clock rates swing between rounds).  Each cell is",
         "images per wall second / images per CPU second (main process + workers, workers joined",
         "inside the epoch); the CPU figure is what load changes least and what the ratios use.",
         "Medians of rotated rounds; torch = torch.utils.data.DataLoader over a torchvision-style",
@@ -223,12 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     if options.epochs < 2:
         parser.error("--epochs must be at least 2 (epoch 1 fills the cache)")
     results = []
+    load_at_start = os.getloadavg()[0]
     for name in options.workloads:
         rounds = options.camera_rounds if name == "camera" else options.rounds
         results.append(run_workload(name, options.workers, options.batch_size, rounds,
                                     options.epochs, options.images))
     command = "python bench/bench_cache.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = section(results, command.strip())
+    text = section(results, command.strip(), (load_at_start, os.getloadavg()[0]))
     print(text)
     if not options.no_write:
         write_section("bench_cache", text)
