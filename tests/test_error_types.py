@@ -36,15 +36,19 @@ except ImportError:  # the torch fixture fails or skips each test
 def _raised(library, dataset, **kwargs):
     """The exception one epoch of ``library``'s DataLoader raises (None if none)."""
     loader = library.DataLoader(dataset, **kwargs)
+    iterator = None
     try:
-        for _ in loader:
+        iterator = iter(loader)
+        for _ in iterator:
             pass
     except Exception as error:
         return error
     finally:
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
+        # The error's traceback keeps the iterator alive; shut its workers down
+        # now rather than when the test's locals go (torch's then wait to time out).
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
     return None
 
 

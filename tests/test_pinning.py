@@ -211,8 +211,11 @@ def test_a_failed_pin_raises_torchs_type(torch, accelerator, monkeypatch, num_wo
                                   (torch.utils.data, torch_twin(torch, Nested()), {})):
         loader = library.DataLoader(data, batch_size=4, pin_memory=True, num_workers=num_workers,
                                     **output)
+        iterator = iter(loader)
         with pytest.raises(RuntimeError, match="CUDA error: out of memory"):
-            next(iter(loader))
+            next(iterator)
+        # Now, not when the error's traceback goes (torch's workers then wait to time out).
+        iterator._shutdown_workers()
 
 
 def test_without_torch_the_warning_is_torchs(torch, monkeypatch):
