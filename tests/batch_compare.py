@@ -74,3 +74,15 @@ def assert_same(ours, expected, path="batch"):
             assert_same(a, b, f"{path}[{i}]")
     else:
         assert ours == expected or (ours != ours and expected != expected), path
+
+
+def torch_twin(torch, dataset):
+    """A ``torch.utils.data.Dataset`` giving ``dataset``'s samples, for torch's loader."""
+    class Twin(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(dataset)
+
+        def __getitem__(self, i):
+            return dataset[i]
+
+    return Twin()

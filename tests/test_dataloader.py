@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from batch_compare import assert_same, assert_same_as_torch
+from batch_compare import assert_same, assert_same_as_torch, torch_twin
 
 import fastload as fl
 from fastload.dataloader import DataLoader
@@ -34,17 +34,6 @@ class NestedDataset(fl.Dataset):
             "pair": (np.float32(i), [i, -i]),
             "point": Point(np.arange(3, dtype=np.int16) + i, i * 1.5),
         }
-
-
-def torch_twin(torch, dataset):
-    class Twin(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(dataset)
-
-        def __getitem__(self, i):
-            return dataset[i]
-
-    return Twin()
 
 
 @pytest.mark.parametrize("batch_size,drop_last", [(1, False), (5, False), (5, True), (37, False),

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
-from batch_compare import assert_same_as_torch
+from batch_compare import assert_same_as_torch, torch_twin
 
 import fastload as fl
 import fastload.pinning
@@ -28,17 +28,6 @@ class Nested(fl.Dataset):
     def __getitem__(self, i):
         return {"image": np.full((2, 3), i, np.float32), "name": f"s{i}",
                 "pair": Pair(np.arange(3) + i, [np.int64(i), i * 0.5])}
-
-
-def torch_twin(torch, dataset):
-    class Twin(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(dataset)
-
-        def __getitem__(self, i):
-            return dataset[i]
-
-    return Twin()
 
 
 @pytest.fixture
