@@ -20,12 +20,10 @@ skips the index batches already yielded (no data is fetched for them).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import math
 import multiprocessing
-import multiprocessing.util
 import numbers
 import os
 import sys
@@ -43,19 +41,19 @@ from fastload.dataset_state import DATASET_STATE, MainSnapshot, WorkerSnapshots,
     restore_copy
 from fastload.elastic import distributed_split, rebase_to_split, record_split, remainder_stream
 from fastload.fetch import BatchSource
-from fastload.forks import forking_workers
-from fastload.interrupts import signals_deferred
+from fastload._lifetime.forks import forking_workers
+from fastload._lifetime.hooks import at_fork
+from fastload._loading.teardown import tear_down_when_gone
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
 from fastload.pinning import pin_batch, pin_device
 from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running, show_workers, \
     shown_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files, \
-    unlink_prefixed
+from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from fastload.weak_registry import WeakRegistry
+from fastload._lifetime.weak_registry import WeakRegistry
 from fastload.worker_payload import pickle_for_workers
 
 __all__ = ["DataLoader"]
@@ -606,85 +604,9 @@ class _SingleProcessIter(_BaseIter):
         return self._deliver(batch_no, batch)
 
 
-def _release_workers_and_ring(owner_pid: int, pool: WorkerPool, ring: Ring, tasks: dict) -> None:
-    """Stop the workers, then unlink every segment (also the ones a worker was regrowing).
-
-    Run by a ``weakref.finalize``: it holds the pool and the ring, never the
-    iterator, so it runs exactly once -- on shutdown(), when the iterator is
-    collected (even inside a reference cycle) or at interpreter exit.  A
-    process forked by the caller (``os.fork()``) inherits the finalizer and
-    runs it at its own exit; the workers and the segments are still the
-    owner's then, in use, so it leaves them alone.
-    """
-    if os.getpid() != owner_pid:
-        return
-    # This often runs as a finalizer, where CPython would print and drop a
-    # KeyboardInterrupt: a Ctrl-C, or any signal the caller handles, that
-    # arrives during the teardown is sent again after it (NOTE [ Every handler
-    # held over teardown ]).
-    with signals_deferred():
-        try:
-            # Waits for the workers, bounded (at a finished epoch's end they
-            # were already told to exit, and left to: see _end_epoch).
-            pool.shutdown()
-        finally:
-            ring.close([slot for _, slot in tasks.values()])
-    _teardowns_due.pop(ring, None)
-
-
 # How long reading a finished iterator's ``_workers`` waits for its idle
 # workers to exit (they were told to; the pool stops any that outstay this).
 _WORKERS_EXIT_WAIT = 5.0
-
-
-# Iterators' teardowns not yet run to their end: ring -> (owner pid, its
-# finalizer, the pool).  A handler of the caller's that raises the moment a
-# finalizer starts, before ``signals_deferred`` holds the signals, ends the
-# teardown there, and a finalizer runs once: the next iterator, or the
-# interpreter's exit, finishes it (fuzzing with a fast timer whose handler
-# raises left segments in /dev/shm after the process without it).
-_teardowns_due: dict[Ring, tuple[int, Any, WorkerPool]] = {}
-
-
-def _finish_cut_short_teardowns() -> None:
-    for ring, (owner_pid, finalizer, pool) in list(_teardowns_due.items()):
-        if owner_pid == os.getpid() and not finalizer.alive:
-            _teardowns_due.pop(ring, None)
-            with signals_deferred():
-                try:
-                    pool.shutdown()
-                finally:
-                    unlink_prefixed(ring.prefix)
-
-
-atexit.register(_finish_cut_short_teardowns)
-
-
-def _tear_down_as_multiprocessing_exits() -> None:
-    """Finish this process's teardowns from multiprocessing's exit function.
-
-    A child that multiprocessing forked ends with ``os._exit`` after that
-    function, running no ``atexit`` handler, so no iterator finalizer: and the
-    function terminates the child's daemonic processes, the loader's workers,
-    which then see their main process alive and leave the ring to it; its
-    segments were left in /dev/shm.  Registered once per process (a forked
-    child starts with multiprocessing's list of finalizers emptied); priority
-    0 runs before the daemonic processes are terminated.
-    """
-    for _, (owner_pid, finalizer, _) in list(_teardowns_due.items()):
-        if owner_pid == os.getpid():
-            finalizer()
-    _finish_cut_short_teardowns()
-
-
-_exit_finalizer_of_pid: int | None = None
-
-
-def _tear_down_before_multiprocessing_exits() -> None:
-    global _exit_finalizer_of_pid
-    if _exit_finalizer_of_pid != os.getpid():
-        _exit_finalizer_of_pid = os.getpid()
-        multiprocessing.util.Finalize(None, _tear_down_as_multiprocessing_exits, exitpriority=0)
 
 
 def _checked_prefetch_factor(prefetch_factor: Any) -> int:
@@ -740,8 +662,7 @@ def _disown_inherited_iterators() -> None:
     _worker_iterators.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_disown_inherited_iterators)
+at_fork("inherited iterators", after_in_child=_disown_inherited_iterators)
 
 
 class _MultiProcessIter(_BaseIter):
@@ -780,12 +701,8 @@ class _MultiProcessIter(_BaseIter):
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
         if not self._persistent:
             loader._reap_workers_when_gone()
-        _finish_cut_short_teardowns()
         self.owner_pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _release_workers_and_ring, self.owner_pid,
-                                           self._pool, self._ring, self._tasks)
-        _teardowns_due[self._ring] = (self.owner_pid, self._finalizer, self._pool)
-        _tear_down_before_multiprocessing_exits()
+        self._finalizer = tear_down_when_gone(self, self._pool, self._ring, self._tasks)
         _worker_iterators.add(self)
         self._workers_key = show_workers(self)
         try:

@@ -50,12 +50,13 @@ from typing import Any
 
 import numpy as np
 
-from fastload import pipe_ends
+from fastload._lifetime import pipe_ends
+from fastload._lifetime.hooks import at_fork
 from fastload.frames import FrameReader, send_frame
-from fastload.interrupts import signals_deferred, signals_held
+from fastload._lifetime.interrupts import signals_deferred, signals_held
 from fastload.layout_wire import dumps_task
 from fastload.ring import Segment, unlink_name
-from fastload.weak_registry import WeakRegistry
+from fastload._lifetime.weak_registry import WeakRegistry
 from fastload.worker import STOP_MESSAGE, worker_loop
 
 try:
@@ -527,8 +528,7 @@ def _leave_the_parents_workers_alone() -> None:
     _workers_of_this_process.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_leave_the_parents_workers_alone)
+at_fork("parent's workers", after_in_child=_leave_the_parents_workers_alone)
 
 
 # Idle workers told to exit at the end of an epoch, not waited for:

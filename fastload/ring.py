@@ -80,8 +80,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fastload._core import lease_array
-from fastload.forks import workers_being_forked
-from fastload.weak_registry import WeakRegistry
+from fastload._lifetime.forks import workers_being_forked
+from fastload._lifetime.hooks import at_fork
+from fastload._lifetime.weak_registry import WeakRegistry
 
 try:
     import _posixshmem  # CPython's own POSIX shm bindings (what shared_memory uses)
@@ -149,9 +150,8 @@ def _new_marks_lock_in_child() -> None:
     _marks_locked_by_fork = threading.local()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_mark_slots_held_at_fork, after_in_parent=_release_marks_after_fork,
-                        after_in_child=_new_marks_lock_in_child)
+at_fork("slots held at fork", before=_mark_slots_held_at_fork,
+        after_in_parent=_release_marks_after_fork, after_in_child=_new_marks_lock_in_child)
 
 
 class SharedMemoryError(RuntimeError):

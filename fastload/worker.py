@@ -50,11 +50,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fastload import _core, pipe_ends
+from fastload import _core
+from fastload._lifetime import pipe_ends
 from fastload.dataset_state import DATASET_STATE, is_stateful, restore_copy, snapshot
 from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
-from fastload.interrupts import restore_callers_handlers
+from fastload._lifetime.interrupts import restore_callers_handlers
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 from fastload.worker_payload import PickledPayload

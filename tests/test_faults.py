@@ -32,7 +32,7 @@ import fastload as fl
 from datasets_for_workers import (CallLoggingDataset, CompletionLoggingDataset, FaultyDataset,
                                   SlowDataset, SquareDataset, WorkerIdDataset, logged_calls,
                                   record_init)
-from fastload import pipe_ends
+from fastload._lifetime import pipe_ends
 from forking import fork_child
 from fastload.ring import unlink_name
 from leakcheck import is_alive, shm_entries
@@ -773,7 +773,7 @@ def test_a_teardown_cut_short_as_it_begins_is_finished_by_the_next_iterator(monk
     # A handler of the caller's that raises the moment the teardown finalizer
     # starts, before it holds the signals, ends the teardown there; a
     # finalizer runs once, so the workers and the ring were left behind.
-    from fastload import dataloader
+    from fastload._loading import teardown
 
     class Raised(Exception):
         pass
@@ -784,7 +784,7 @@ def test_a_teardown_cut_short_as_it_begins_is_finished_by_the_next_iterator(monk
     loader = fl.DataLoader(SquareDataset(64, (2,)), batch_size=4, num_workers=2,
                            persistent_workers=True)
     with monkeypatch.context() as patched:
-        patched.setattr(dataloader, "_release_workers_and_ring", cut_short)
+        patched.setattr(teardown, "release_workers_and_ring", cut_short)
         iterator = iter(loader)
     next(iterator)
     pids, prefix = iterator.worker_pids, iterator._ring.prefix
@@ -802,14 +802,14 @@ def test_a_teardown_cut_short_as_it_begins_is_finished_by_the_next_iterator(monk
 def test_a_teardown_cut_short_is_finished_at_exit(tmp_path, no_leaks):
     script = _script(tmp_path, """
         import fastload as fl
-        from fastload import dataloader
+        from fastload._loading import teardown
         from datasets_for_workers import SquareDataset
 
         def cut_short(*args):
             raise TimeoutError("raised by a signal handler")
 
         if __name__ == "__main__":
-            dataloader._release_workers_and_ring = cut_short
+            teardown.release_workers_and_ring = cut_short
             iterator = iter(fl.DataLoader(SquareDataset(64, (2,)), batch_size=4, num_workers=2))
             next(iterator)
             print("PIDS", *iterator.worker_pids, flush=True)

@@ -56,6 +56,7 @@ from typing import Any
 
 from PIL import Image
 
+from .._lifetime.hooks import at_fork
 from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes, data_checksum
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
@@ -403,5 +404,4 @@ def _refresh_before_fork() -> None:
             pass  # a fork must not fail for a cache: children refresh on their own
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_refresh_before_fork)
+at_fork("image cache index", before=_refresh_before_fork)

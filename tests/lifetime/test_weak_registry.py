@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from fastload.weak_registry import WeakRegistry
+from fastload._lifetime.weak_registry import WeakRegistry
 
 
 class _Thing:

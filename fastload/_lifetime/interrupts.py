@@ -10,14 +10,14 @@ from __future__ import annotations
 import _signal
 import _thread
 import contextlib
-import os
 import signal
 import sys
 import threading
 import time
 from typing import Any, Iterator
 
-from fastload.forks import forked_as_worker
+from fastload._lifetime.forks import forked_as_worker
+from fastload._lifetime.hooks import at_fork
 
 __all__ = ["signals_held", "signals_deferred", "restore_callers_handlers"]
 
@@ -238,8 +238,7 @@ def _put_back_callers_handlers_in_a_callers_fork() -> None:
         restore_callers_handlers(but_ctrl_c=False)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_put_back_callers_handlers_in_a_callers_fork)
+at_fork("signal handlers", after_in_child=_put_back_callers_handlers_in_a_callers_fork)
 
 
 def _restore(handlers: dict) -> None:

@@ -1,4 +1,4 @@
-"""``fastload.interrupts``: signals the caller handles are held over teardown and
+"""``fastload._lifetime.interrupts``: signals the caller handles are held over teardown and
 handled once it is over, each once, Ctrl-C last; waits in the block see Ctrl-C only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fastload.interrupts import signals_deferred, signals_held
+from fastload._lifetime.interrupts import signals_deferred, signals_held
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_every_handler_is_put_back_though_a_handler_raises_meanwhile(handlers, m
     import _signal
     import types
 
-    from fastload import interrupts
+    from fastload._lifetime import interrupts
 
     installed = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
     restores = []
@@ -177,7 +177,7 @@ def test_a_child_forked_by_another_thread_as_the_block_ends_gets_the_callers_han
     # stress run: 1 child in 240 kept Ctrl-C recorded, so ignored, for good).
     from forking import fork_child
 
-    from fastload import interrupts
+    from fastload._lifetime import interrupts
 
     child = _child_checking_it_has(signal.getsignal(signal.SIGUSR1))
 

@@ -12,9 +12,10 @@ until it ignores it.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from typing import Any, Iterator
+
+from fastload._lifetime.hooks import at_fork
 
 __all__ = ["forking_workers", "workers_being_forked", "forked_as_worker"]
 
@@ -54,7 +55,5 @@ def _note_what_this_child_is() -> None:
     _workers_forked_by.clear()  # the parent's threads are not this process's
 
 
-# Registered at import, before the hooks of the modules that import this one:
-# after a fork, hooks run in the order of registration, so theirs read this.
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_note_what_this_child_is)
+# First of the child's hooks (FORK_HOOKS): the others read it.
+at_fork("fork kind", after_in_child=_note_what_this_child_is)

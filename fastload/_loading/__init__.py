@@ -1,0 +1,1 @@
+"""Process plumbing behind the DataLoader's iterators: workers, their wire, teardown."""
