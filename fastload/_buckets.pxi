@@ -1,5 +1,5 @@
 # Packing length-sorted samples into batches by a token budget
-# (``fastload.bucket_sampler.BucketBatchSampler`` with ``max_tokens``): a
+# (``fastload.sampler.BucketBatchSampler`` with ``max_tokens``): a
 # sequential greedy walk, one pass, no Python per sample.
 
 @cython.boundscheck(False)

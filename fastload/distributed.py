@@ -3,7 +3,7 @@
 Code written for torch imports it from there
 (``from torch.utils.data.distributed import DistributedSampler``); the same
 line with ``fastload.distributed`` gets fastload's, which lives in
-``fastload.sampler`` with the rest of the sampler family.
+``fastload.sampler.distributed`` with the rest of the sampler family.
 """
 
 from fastload.sampler import DistributedSampler

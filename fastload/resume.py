@@ -121,9 +121,9 @@ def describe(loader: Any) -> dict:
 _SAMPLER_SETTINGS = ("batch_size", "drop_last", "replacement", "num_samples", "num_replicas",
                      "rank", "shuffle", "seed", "bucket_size_multiplier", "max_tokens")
 
-# fastload's samplers (BucketBatchSampler lives in a module of its own): their
-# order is saved (seed streams, epoch) and their contents are what they were built with.
-_OWN_SAMPLER_MODULES = ("fastload.sampler", "fastload.bucket_sampler")
+# fastload's samplers: their order is saved (seed streams, epoch) and their
+# contents are what they were built with.
+_OWN_SAMPLER_MODULES = ("fastload.sampler",)
 
 
 def _sampler_settings(loader: Any) -> dict:
@@ -197,6 +197,10 @@ def _sampled_digest(values: Any) -> str | None:
     return f"<digest {hashlib.blake2b(sample.tobytes(), digest_size=8).hexdigest()}>"
 
 
+# Types a state saved by an earlier fastload names by a path since renamed.
+_RENAMED = {"fastload.bucket_sampler.BucketBatchSampler": "fastload.sampler.BucketBatchSampler"}
+
+
 def _differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """``(name, recorded, current)`` of each setting the two descriptions disagree on,
     samplers named by place (``batch_sampler.batch_size``), the innermost first: a
@@ -209,6 +213,8 @@ def _differences(recorded: dict, current: dict) -> list[tuple[str, Any, Any]]:
             places = sorted(set(recorded[key]) | set(value), key=lambda p: (-p.count("."), p))
             for place in places:
                 old, new = recorded[key].get(place, {}), value.get(place, {})
+                if old.get("type") in _RENAMED:
+                    old = {**old, "type": _RENAMED[old["type"]]}
                 if old.get("type") != new.get("type"):
                     found.append((place, old.get("type"), new.get("type")))
                     continue

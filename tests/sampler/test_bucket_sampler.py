@@ -224,6 +224,35 @@ def test_a_state_from_other_bucket_settings_is_refused():
                        collate_fn=pad_collate()).load_state_dict(state)
 
 
+def test_a_state_saved_before_the_sampler_modules_were_joined_still_resumes():
+    # Earlier fastload named this sampler fastload.bucket_sampler.BucketBatchSampler
+    # in a state; a checkpoint from then resumes the same batches.
+    lengths = lognormal_lengths(300)
+
+    def make():
+        return DataLoader(Sequences(lengths), collate_fn=pad_collate(),
+                          batch_sampler=BucketBatchSampler(lengths, 16, max_tokens=3000, generator=1))
+
+    first = indices_of(make())
+    loader = make()
+    iterator = iter(loader)
+    taken = [next(iterator)["index"].tolist() for _ in range(3)]
+    state = loader.state_dict()
+
+    def renamed(value):
+        if isinstance(value, dict):
+            return {key: renamed(item) for key, item in value.items()}
+        if value == "fastload.sampler.BucketBatchSampler":
+            return "fastload.bucket_sampler.BucketBatchSampler"
+        return value
+
+    old = renamed(state)
+    assert old != state
+    resumed = make()
+    resumed.load_state_dict(old)
+    assert taken + indices_of(resumed) == first
+
+
 # -- sharding -------------------------------------------------------------------
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -37,7 +37,8 @@ import numpy as np
 
 from fastload import _core
 from fastload.rng import SeedSource
-from fastload.sampler import _from_environment, _initialized_group, _SeededSampler
+from fastload.sampler.base import _SeededSampler
+from fastload.sampler.distributed import _from_environment, _initialized_group
 
 __all__ = ["BucketBatchSampler"]
 
