@@ -28,9 +28,9 @@ from fastload.vision import DatasetFolder, ImageFolder, cache_store
 from fastload.vision import transforms as T
 from fastload.vision.cache import DecodedImageCache, cached_size
 from images import save_image
+from paths import REPO_DIR, TESTS_DIR
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HERE, ROOT = TESTS_DIR, REPO_DIR
 
 # (class, name, size): small files within a 64-pixel cache side, and larger
 # ones (landscape, portrait) that the cache shrinks.

@@ -1,0 +1,96 @@
+"""The house's shape: imports between fastload's modules only go one way.
+
+A cycle makes import order matter (a name missing from a half-imported
+module) and hides which module is built on which.  Imports inside functions
+are left out: they are the deliberate way to reach an optional module (torch)
+late.
+"""
+
+import ast
+import os
+
+from paths import REPO_DIR
+
+PACKAGE_DIR = os.path.join(REPO_DIR, "fastload")
+
+
+def _module_name(path: str) -> str:
+    relative = os.path.relpath(path, REPO_DIR)[:-len(".py")].split(os.sep)
+    if relative[-1] == "__init__":
+        relative.pop()
+    return ".".join(relative)
+
+
+def _modules() -> dict[str, str]:
+    found = {}
+    for folder, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[_module_name(path)] = path
+    return found
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = importer.split(".")
+    base = parts if is_package else parts[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _top_level_imports(name: str, path: str, modules: dict[str, str]) -> set[str]:
+    """The fastload modules ``name`` imports as it is imported (not inside functions)."""
+    with open(path) as source:
+        tree = ast.parse(source.read())
+    is_package = path.endswith("__init__.py")
+    imported = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(name, is_package, node)
+            for alias in node.names:
+                # ``from fastload.x import y``: y may be a module of its own.
+                child = f"{target}.{alias.name}"
+                imported.add(child if child in modules else target)
+    return {target for target in imported if target in modules and target != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_finder_sees_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    modules = _modules()
+    assert "fastload.dataloader" in modules and "fastload.collate" in modules
+    # The package's own __init__ re-exports the public names: every module
+    # reaches it implicitly, so it is the root and no edge points back at it.
+    graph = {name: _top_level_imports(name, path, modules) - {"fastload"}
+             for name, path in modules.items()}
+    assert sum(len(targets) for targets in graph.values()) > len(graph)  # it saw the imports
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
