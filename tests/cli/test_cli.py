@@ -8,19 +8,20 @@ import subprocess
 import sys
 
 import pytest
+from paths import REPO_DIR
 from PIL import Image
 
-import fastload.bench as bench
+import fastload.cli.synthetic_folder as synthetic_folder
+from fastload.cli import (measure_fastload, measure_pipeline_limit, reduced_decode_shares,
+                          standard_transform, synthetic_image_folder, write_image_folder)
+from fastload.cli.pipelines import image_folder
 from fastload.vision import ImageFolder
-from fastload.vision.synthetic import write_image_folder
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*args: str, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
+    env = dict(os.environ, PYTHONPATH=REPO_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
     return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
+                          timeout=timeout, env=env, cwd=REPO_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_bench_rejects_bad_arguments(tmp_path):
 
 
 def test_synthetic_folder_has_requested_count_classes_and_size(tmp_path):
-    root = bench.synthetic_image_folder(10, (40, 30), 3, cache_dir=str(tmp_path))
+    root = synthetic_image_folder(10, (40, 30), 3, cache_dir=str(tmp_path))
     ds = ImageFolder(root)
     assert len(ds) == 10
     assert ds.classes == ["class_00", "class_01", "class_02"]
@@ -97,18 +98,18 @@ def test_synthetic_folder_has_requested_count_classes_and_size(tmp_path):
 
 
 def test_synthetic_folder_is_cached_and_reused(tmp_path, monkeypatch):
-    first = bench.synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path))
+    first = synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path))
     stamp = os.stat(os.path.join(first, "class_00", "img_00000.jpg")).st_mtime_ns
 
     def must_not_generate(*args, **kwargs):
         raise AssertionError("the cached folder should have been reused")
 
-    monkeypatch.setattr(bench, "write_image_folder", must_not_generate)
-    assert bench.synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path)) == first
+    monkeypatch.setattr(synthetic_folder, "write_image_folder", must_not_generate)
+    assert synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path)) == first
     assert os.stat(os.path.join(first, "class_00", "img_00000.jpg")).st_mtime_ns == stamp
     # Different parameters are a different folder.
     monkeypatch.undo()
-    other = bench.synthetic_image_folder(6, (20, 10), 2, cache_dir=str(tmp_path))
+    other = synthetic_image_folder(6, (20, 10), 2, cache_dir=str(tmp_path))
     assert other != first and len(ImageFolder(other)) == 6
 
 
@@ -126,16 +127,16 @@ def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
     def explode(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(bench, "write_image_folder", explode)
+    monkeypatch.setattr(synthetic_folder, "write_image_folder", explode)
     with pytest.raises(OSError, match="disk full"):
-        bench.synthetic_image_folder(4, (8, 8), 2, cache_dir=str(tmp_path))
+        synthetic_image_folder(4, (8, 8), 2, cache_dir=str(tmp_path))
     assert os.listdir(tmp_path) == []
 
 
 def test_measure_functions_return_rates(tiny_folder):
-    limit = bench.measure_pipeline_limit(tiny_folder, workers=2)
+    limit = measure_pipeline_limit(tiny_folder, workers=2)
     assert limit["images"] == 40 and limit["limit_images_per_s"] == pytest.approx(2 * limit["images_per_s"])
-    result = bench.measure_fastload(tiny_folder, workers=0, batch_size=16, max_images=20)
+    result = measure_fastload(tiny_folder, workers=0, batch_size=16, max_images=20)
     assert result["images"] == 20 and result["images_per_s"] > 0 and result["input_mb_per_s"] > 0
 
 
@@ -196,7 +197,7 @@ def test_bench_draws_a_plain_progress_line_without_tqdm(tiny_folder, monkeypatch
 def test_plain_progress_redraws_in_place_at_most_every_interval():
     import io
 
-    from fastload.progress import PlainProgress
+    from fastload.cli import PlainProgress
 
     stream = io.StringIO()
     bar = PlainProgress(10, "loading", stream=stream, interval=3600)
@@ -215,11 +216,11 @@ def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no
     import time
 
     # On a machine with one CPU, --workers 2 also gives torch's worker-count warning.
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=REPO_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning")
     proc = subprocess.Popen([sys.executable, "-m", "fastload", "bench", tiny_folder, "--workers", "2",
                              "--batch-size", "4", "--epochs", "1000", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_DIR,
                             start_new_session=True)
     no_leaks.watch_pid(proc.pid)
     try:
@@ -246,9 +247,9 @@ def photo_folder(tmp_path_factory):
 
 
 def test_reduced_decode_shares_follow_image_size(tiny_folder, photo_folder):
-    small = bench.reduced_decode_shares(tiny_folder)
+    small = reduced_decode_shares(tiny_folder)
     assert small == {1: 1.0, 2: 0.0, 4: 0.0, 8: 0.0}
-    large = bench.reduced_decode_shares(photo_folder, probe=8)
+    large = reduced_decode_shares(photo_folder, probe=8)
     assert sum(large.values()) == pytest.approx(1.0)
     assert large[1] < 1.0  # some crops of a 1600x1200 photo are over twice 224 each way
 
@@ -260,8 +261,8 @@ def test_full_decode_folder_never_drafts(photo_folder, monkeypatch):
     real_draft = JpegImagePlugin.JpegImageFile.draft
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
                         lambda self, *a: drafts.append(a) or real_draft(self, *a))
-    full = bench._image_folder(photo_folder, bench.standard_transform(), "full")
-    auto = bench._image_folder(photo_folder, bench.standard_transform(), "auto")
+    full = image_folder(photo_folder, standard_transform(), "full")
+    auto = image_folder(photo_folder, standard_transform(), "auto")
     for index in range(len(full)):
         full[index]
     assert drafts == []
@@ -269,7 +270,7 @@ def test_full_decode_folder_never_drafts(photo_folder, monkeypatch):
         auto[index]
     assert drafts, "the default decode should have drafted some of the 1600x1200 photos"
     with pytest.raises(ValueError, match="decode"):
-        bench._image_folder(photo_folder, None, "fast")
+        image_folder(photo_folder, None, "fast")
 
 
 @pytest.mark.parametrize("decode", ["auto", "full"])
