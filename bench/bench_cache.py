@@ -9,7 +9,7 @@ Workloads:
   ``cache_format="jpeg"``, ``cache_max_side=512``.
 
 Per round, in rotated order: torch's DataLoader over a dataset doing what
-torchvision's ImageFolder does (``fastload.bench.TorchvisionStylePipeline``:
+torchvision's ImageFolder does (``fastload.cli.TorchvisionStylePipeline``:
 PIL open + convert RGB, RandomResizedCrop drawn with torch's RNG, Pillow
 crop/resize, flip, PILToTensor's conversion; one epoch); fastload without a
 cache (one epoch); fastload with a cache in a fresh directory (epoch 1 fills
@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fastload import bench as fb  # noqa: E402
+from fastload import cli as fb  # noqa: E402
 from fastload.rng import seed_transform_rng  # noqa: E402
 from fastload.vision import ImageFolder  # noqa: E402
 from fastload.vision.cache_store import RECORD_SIZE, data_bytes  # noqa: E402
@@ -165,7 +165,7 @@ def section(results: list[dict], command: str, load: tuple[float, float]) -> str
         "images per wall second / images per CPU second (main process + workers, workers joined",
         "inside the epoch); the CPU figure is what load changes least and what the ratios use.",
         "Medians of rotated rounds; torch = torch.utils.data.DataLoader over a torchvision-style",
-        "ImageFolder (`fastload.bench.TorchvisionStylePipeline`: PIL open + convert RGB +",
+        "ImageFolder (`fastload.cli.TorchvisionStylePipeline`: PIL open + convert RGB +",
         "RandomResizedCrop(224) + flip + PILToTensor's conversion), batch 64.",
         "",
         "| workload | torch | fastload, no cache | cache: epoch 1 (filling) | cache: epochs 2+ "

@@ -110,7 +110,7 @@ def build_workload(name: str, framework: str, image_root: str | None) -> Workloa
                           rng.integers(0, 100, 20_000))
         return Workload(name, 128, lambda: dataset, lambda: dataset, lambda: dataset, len(dataset))
     if name == "images":
-        from fastload import bench as image_bench
+        from fastload import cli as image_bench
         from fastload.vision import ImageFolder
 
         root = image_root or image_bench.synthetic_image_folder(progress=False)

@@ -29,7 +29,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from fastload import bench as image_bench
+from fastload import cli as image_bench
 from fastload.vision import ImageFolder
 from fastload.vision.resample import resize_to_chw
 from fastload.rng import seed_transform_rng, transform_rng

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import fastload as fl
-from fastload.bench import synthetic_image_folder
+from fastload.cli import synthetic_image_folder
 from fastload.vision import ImageFolder
 from fastload.vision import transforms as T
 

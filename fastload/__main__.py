@@ -11,15 +11,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description="fastload command-line tools")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from . import bench
+    from . import cli
 
     bench_parser = commands.add_parser(
         "bench", help="image-folder loading throughput (optionally against torch)",
         description="Load an image folder with the standard training pipeline and print "
                     "images/s and MB/s; --compare torch runs torch.utils.data.DataLoader on the "
                     "same files in the same run.")
-    bench.add_arguments(bench_parser)
-    bench_parser.set_defaults(run=bench.run)
+    cli.add_arguments(bench_parser)
+    bench_parser.set_defaults(run=cli.run)
 
     options = parser.parse_args(argv)
     return options.run(options)

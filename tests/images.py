@@ -7,7 +7,7 @@ import os
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from fastload.vision.synthetic import synthetic_image
+from fastload.cli import synthetic_image
 
 
 def save_image(path: str | os.PathLike, size: tuple[int, int] = (40, 30), seed: int = 0,

@@ -15,7 +15,7 @@ from PIL import Image
 
 from fastload.rng import seed_transform_rng, transform_rng
 from fastload.vision import transforms as T
-from fastload.vision.synthetic import synthetic_image
+from fastload.cli import synthetic_image
 
 
 def photo(width=50, height=30, seed=0, mode="RGB"):

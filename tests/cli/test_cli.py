@@ -1,4 +1,4 @@
-"""``python -m fastload bench`` end to end, and the synthetic dataset it generates."""
+"""``python -m fastload bench`` end to end: its output, exit codes and messages."""
 
 from __future__ import annotations
 
@@ -8,26 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from paths import REPO_DIR
 from PIL import Image
-
-import fastload.bench as bench
-from fastload.vision import ImageFolder
-from fastload.vision.synthetic import write_image_folder
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*args: str, timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
+    env = dict(os.environ, PYTHONPATH=REPO_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra_env)
     return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    write_image_folder(root, 10, (64, 48), classes=4, seed=3)
-    return str(root)
+                          timeout=timeout, env=env, cwd=REPO_DIR)
 
 
 def rates(output: str, label: str) -> list[float]:
@@ -84,61 +72,6 @@ def test_bench_rejects_bad_arguments(tmp_path):
     assert bad_batch.returncode != 0 and "--batch-size" in bad_batch.stderr
 
 
-def test_synthetic_folder_has_requested_count_classes_and_size(tmp_path):
-    root = bench.synthetic_image_folder(10, (40, 30), 3, cache_dir=str(tmp_path))
-    ds = ImageFolder(root)
-    assert len(ds) == 10
-    assert ds.classes == ["class_00", "class_01", "class_02"]
-    assert [list(ds.targets).count(k) for k in range(3)] == [4, 3, 3]  # extras to the first classes
-    for path, _ in ds.samples:
-        with Image.open(path) as img:
-            assert img.format == "JPEG" and img.size == (40, 30)
-    assert os.listdir(tmp_path) == [os.path.basename(root)]  # no temporary build left behind
-
-
-def test_synthetic_folder_is_cached_and_reused(tmp_path, monkeypatch):
-    first = bench.synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path))
-    stamp = os.stat(os.path.join(first, "class_00", "img_00000.jpg")).st_mtime_ns
-
-    def must_not_generate(*args, **kwargs):
-        raise AssertionError("the cached folder should have been reused")
-
-    monkeypatch.setattr(bench, "write_image_folder", must_not_generate)
-    assert bench.synthetic_image_folder(6, (20, 20), 2, cache_dir=str(tmp_path)) == first
-    assert os.stat(os.path.join(first, "class_00", "img_00000.jpg")).st_mtime_ns == stamp
-    # Different parameters are a different folder.
-    monkeypatch.undo()
-    other = bench.synthetic_image_folder(6, (20, 10), 2, cache_dir=str(tmp_path))
-    assert other != first and len(ImageFolder(other)) == 6
-
-
-def test_synthetic_generation_is_deterministic_across_worker_counts(tmp_path):
-    one = write_image_folder(tmp_path / "one", [20, 3], (24, 16), seed=5, workers=1)
-    two = write_image_folder(tmp_path / "two", [20, 3], (24, 16), seed=5, workers=2)
-    assert [os.path.relpath(p, tmp_path / "one") for p in one] == \
-        [os.path.relpath(p, tmp_path / "two") for p in two]
-    for a, b in zip(one, two):
-        with open(a, "rb") as fa, open(b, "rb") as fb:
-            assert fa.read() == fb.read()
-
-
-def test_failed_build_leaves_no_folder(tmp_path, monkeypatch):
-    def explode(*args, **kwargs):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(bench, "write_image_folder", explode)
-    with pytest.raises(OSError, match="disk full"):
-        bench.synthetic_image_folder(4, (8, 8), 2, cache_dir=str(tmp_path))
-    assert os.listdir(tmp_path) == []
-
-
-def test_measure_functions_return_rates(tiny_folder):
-    limit = bench.measure_pipeline_limit(tiny_folder, workers=2)
-    assert limit["images"] == 40 and limit["limit_images_per_s"] == pytest.approx(2 * limit["images_per_s"])
-    result = bench.measure_fastload(tiny_folder, workers=0, batch_size=16, max_images=20)
-    assert result["images"] == 20 and result["images_per_s"] > 0 and result["input_mb_per_s"] > 0
-
-
 def test_bench_names_folder_problems_without_a_traceback(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -193,33 +126,17 @@ def test_bench_draws_a_plain_progress_line_without_tqdm(tiny_folder, monkeypatch
     assert err.endswith("\r")  # each line erased when its run ends, as tqdm's leave=False
 
 
-def test_plain_progress_redraws_in_place_at_most_every_interval():
-    import io
-
-    from fastload.progress import PlainProgress
-
-    stream = io.StringIO()
-    bar = PlainProgress(10, "loading", stream=stream, interval=3600)
-    bar.update(4)
-    assert stream.getvalue() == ""  # within the interval: not redrawn
-    bar.update(6)  # the total: always drawn
-    drawn = stream.getvalue()
-    assert drawn.startswith("\rloading: 10/10 img, ") and drawn.endswith(" img/s")
-    bar.close()
-    assert stream.getvalue() == drawn + "\r" + " " * (len(drawn) - 1) + "\r"
-
-
 @pytest.mark.timeout(60)
 def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no_leaks):
     import signal
     import time
 
     # On a machine with one CPU, --workers 2 also gives torch's worker-count warning.
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=REPO_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning")
     proc = subprocess.Popen([sys.executable, "-m", "fastload", "bench", tiny_folder, "--workers", "2",
                              "--batch-size", "4", "--epochs", "1000", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_DIR,
                             start_new_session=True)
     no_leaks.watch_pid(proc.pid)
     try:
@@ -235,41 +152,6 @@ def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no
             proc.wait()
     assert proc.returncode == 130, stderr
     assert stderr.strip() == "fastload bench: interrupted"
-
-
-@pytest.fixture(scope="module")
-def photo_folder(tmp_path_factory):
-    # Large enough that most RandomResizedCrop(224) boxes allow a reduced-size decode.
-    root = tmp_path_factory.mktemp("photos")
-    write_image_folder(root, 4, (1600, 1200), classes=2, seed=5)
-    return str(root)
-
-
-def test_reduced_decode_shares_follow_image_size(tiny_folder, photo_folder):
-    small = bench.reduced_decode_shares(tiny_folder)
-    assert small == {1: 1.0, 2: 0.0, 4: 0.0, 8: 0.0}
-    large = bench.reduced_decode_shares(photo_folder, probe=8)
-    assert sum(large.values()) == pytest.approx(1.0)
-    assert large[1] < 1.0  # some crops of a 1600x1200 photo are over twice 224 each way
-
-
-def test_full_decode_folder_never_drafts(photo_folder, monkeypatch):
-    from PIL import JpegImagePlugin
-
-    drafts = []
-    real_draft = JpegImagePlugin.JpegImageFile.draft
-    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
-                        lambda self, *a: drafts.append(a) or real_draft(self, *a))
-    full = bench._image_folder(photo_folder, bench.standard_transform(), "full")
-    auto = bench._image_folder(photo_folder, bench.standard_transform(), "auto")
-    for index in range(len(full)):
-        full[index]
-    assert drafts == []
-    for index in range(len(auto)):
-        auto[index]
-    assert drafts, "the default decode should have drafted some of the 1600x1200 photos"
-    with pytest.raises(ValueError, match="decode"):
-        bench._image_folder(photo_folder, None, "fast")
 
 
 @pytest.mark.parametrize("decode", ["auto", "full"])

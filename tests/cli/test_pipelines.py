@@ -1,0 +1,35 @@
+"""fastload's side of the bench: which JPEG decode its pipeline plans, and ``--decode full``."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastload.cli import reduced_decode_shares, standard_transform
+from fastload.cli.pipelines import image_folder
+
+
+def test_reduced_decode_shares_follow_image_size(tiny_folder, photo_folder):
+    small = reduced_decode_shares(tiny_folder)
+    assert small == {1: 1.0, 2: 0.0, 4: 0.0, 8: 0.0}
+    large = reduced_decode_shares(photo_folder, probe=8)
+    assert sum(large.values()) == pytest.approx(1.0)
+    assert large[1] < 1.0  # some crops of a 1600x1200 photo are over twice 224 each way
+
+
+def test_full_decode_folder_never_drafts(photo_folder, monkeypatch):
+    from PIL import JpegImagePlugin
+
+    drafts = []
+    real_draft = JpegImagePlugin.JpegImageFile.draft
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
+                        lambda self, *a: drafts.append(a) or real_draft(self, *a))
+    full = image_folder(photo_folder, standard_transform(), "full")
+    auto = image_folder(photo_folder, standard_transform(), "auto")
+    for index in range(len(full)):
+        full[index]
+    assert drafts == []
+    for index in range(len(auto)):
+        auto[index]
+    assert drafts, "the default decode should have drafted some of the 1600x1200 photos"
+    with pytest.raises(ValueError, match="decode"):
+        image_folder(photo_folder, None, "fast")
