@@ -98,7 +98,7 @@ class ArraySlot:
     def __reduce__(self):
         # Each new layout crosses the result pipe (see layout_wire): a plain
         # tuple and the dtype's string (when it says everything) pickle
-        # several times faster than the default slot state with a dtype object.
+        # faster than the default slot state with a dtype object.
         dtype = self.dtype
         token = dtype.str if dtype.fields is None and dtype.metadata is None \
             and dtype.kind not in "OV" else dtype
@@ -180,7 +180,7 @@ class RefusedLeaf(Value):
 def _same_key_types(keys: list, other_keys: list) -> bool:
     """Whether two lists of equal keys also have the same types: ``1``, ``True``
     and ``1.0`` are equal, but a batch keeps its own sample's keys."""
-    for key, other in zip(keys, other_keys):  # a loop: a third faster than all() (per batch)
+    for key, other in zip(keys, other_keys):  # a loop: cheaper than all() (per batch)
         if type(key) is not type(other):
             return False
     return True

@@ -25,8 +25,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from fastload import _core
-from fastload.collate.faults import (_samples_or_strings, _walk_error, format_path,
-                                     is_string_or_object_dtype)
+from fastload.collate.faults import (_leaf_objects, _samples_or_strings, _walk_error,
+                                     format_path, is_string_or_object_dtype)
 from fastload.collate.layout import (ArraySlot, BatchLayout, MappingNode, NamedTupleNode,
                                      SequenceNode, Value, private_buffer)
 from fastload.collate.leaves import _check_lengths, _fill_leaf, _fill_value
@@ -236,10 +236,7 @@ class PadCollate:
 
 def _tensor_arrays(samples: list, path: tuple) -> list:
     """The tensors at ``path`` of every sample as ndarrays (sharing their memory)."""
-    try:
-        values = _core.collect_leaf_objects(samples, path)
-    except (KeyError, IndexError, TypeError) as exc:
-        raise _walk_error(samples, path, exc) from exc
+    values = _leaf_objects(samples, path)
     arrays = []
     for i, value in enumerate(values):
         if not _is_plain_torch_tensor(value):
