@@ -35,7 +35,7 @@ from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNo
                               default_collate, fn_map_is_pristine, is_string_or_object_dtype,
                               pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
-from fastload.padding import PadCollate
+from fastload.collate import PadCollate
 from fastload.rng import seed_transform_rng
 
 __all__ = ["BatchSource", "array_rows", "whole_batch_rows"]

@@ -6,7 +6,7 @@ every numpy array leaf of at least one dimension is padded to the batch's
 longest along its first dimension (rounded up to ``pad_to_multiple_of``) with
 ``padding_value``, instead of having to match.
 
-It is collated the way ``default_collate`` is (``collate.collate_into``'s
+It is collated the way ``default_collate`` is (``collate_into``'s
 plan and fill): the batch is laid out as a ``BatchLayout`` whose padded
 leaves have the padded shapes, the buffer is allocated at that size (a ring
 slot, when a worker makes the batch: the DataLoader recognises a
@@ -25,15 +25,17 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from fastload import _core
-from fastload.collate import (ArraySlot, BatchLayout, MappingNode, NamedTupleNode, SequenceNode,
-                              Value, _check_lengths, _fill_leaf, _fill_value, _first_sample,
-                              _is_plain_torch_tensor, _plan_node, _sample_list, _walk_error,
-                              format_path, is_string_or_object_dtype, private_buffer,
-                              tensor_as_numpy)
+from fastload.collate.faults import (_leaf_objects, _samples_or_strings, _walk_error,
+                                     format_path, is_string_or_object_dtype)
+from fastload.collate.layout import (ArraySlot, BatchLayout, MappingNode, NamedTupleNode,
+                                     SequenceNode, Value, private_buffer)
+from fastload.collate.leaves import _check_lengths, _fill_leaf, _fill_value
+from fastload.collate.plan import _plan_node
+from fastload.collate.tensors import _is_plain_torch_tensor, tensor_as_numpy, tensor_is_its_bytes
 
 __all__ = ["Padded", "PadCollate", "pad_collate"]
 
-# ArraySlot kinds of the padded leaves (beside collate.py's kinds, which stay below 20).
+# ArraySlot kinds of the padded leaves (beside layout.py's kinds, which stay below 20).
 _PADDED_VALUES = 20
 _PADDED_LENGTHS = 21
 _PADDED_MASK = 22
@@ -99,11 +101,10 @@ class PadCollate:
                      ) -> tuple[BatchLayout, np.ndarray]:
         """The batch laid out and written into ``allocate(nbytes)``'s buffer
         (a private array, or a ring slot in a worker); ``(layout, buffer)``."""
-        first = _first_sample(samples)
-        if isinstance(first, (str, bytes)):
+        sample_list = _samples_or_strings(samples)
+        if sample_list is None:
             return BatchLayout(Value(samples)), allocate(0)
-        if type(samples) is not list:
-            samples = _sample_list(samples, first)
+        samples, first = sample_list, sample_list[0]
         measured: dict[Any, Any] = {"tensors": []}
         length_checks: list = []
         layout = BatchLayout(self._plan(first, (), samples, length_checks, measured, False),
@@ -112,9 +113,7 @@ class PadCollate:
         leaves = layout.leaves()
         if measured["tensors"]:
             # Samples that hold tensors make a batch of tensors, as default_collate's.
-            for leaf in leaves:
-                if isinstance(leaf, ArraySlot):
-                    leaf.as_torch = True
+            layout.as_torch()
         while True:
             layout.assign_offsets()
             buffer = allocate(layout.nbytes)
@@ -127,7 +126,7 @@ class PadCollate:
 
     def _plan(self, elem: Any, path: tuple, samples: list, length_checks: list,
               measured: dict, in_sequence: bool) -> Any:
-        """``collate._plan_node`` with the array leaves padded; containers as it lays them out."""
+        """``plan._plan_node`` with the array leaves padded; containers as it lays them out."""
         n = len(samples)
         kind = type(elem)
         if (kind is np.ndarray or isinstance(elem, np.ndarray)) and elem.ndim >= 1 \
@@ -135,7 +134,7 @@ class PadCollate:
             return self._plan_padded(elem, path, samples, measured)
         if kind is int or kind is float or kind is str:  # the common leaves, without the ABCs
             return _plan_node(elem, path, n, length_checks, [], in_sequence)
-        if _is_plain_torch_tensor(elem) and elem.dim() >= 1 and _paddable_tensor(elem):
+        if _is_plain_torch_tensor(elem) and elem.dim() >= 1 and tensor_is_its_bytes(elem):
             measured["tensors"].append(path)
             return self._plan_padded(elem, path, samples, measured)
         if (kind is dict or isinstance(elem, collections.abc.Mapping)) and elem:
@@ -235,25 +234,16 @@ class PadCollate:
         return True
 
 
-def _paddable_tensor(tensor: Any) -> bool:
-    """A tensor whose bytes are all it is (else it is stacked as default_collate stacks it)."""
-    return tensor.device.type == "cpu" and not tensor.requires_grad and not tensor.is_nested \
-        and not tensor.is_quantized and str(tensor.layout) == "torch.strided"
-
-
 def _tensor_arrays(samples: list, path: tuple) -> list:
     """The tensors at ``path`` of every sample as ndarrays (sharing their memory)."""
-    try:
-        values = _core.collect_leaf_objects(samples, path)
-    except (KeyError, IndexError, TypeError) as exc:
-        raise _walk_error(samples, path, exc) from exc
+    values = _leaf_objects(samples, path)
     arrays = []
     for i, value in enumerate(values):
         if not _is_plain_torch_tensor(value):
             raise TypeError(f"pad_collate: {format_path(path, i)} is {type(value).__name__}, "
                             f"but {format_path(path, 0)} is a tensor: every sample must have "
                             f"the structure of the first")
-        if not _paddable_tensor(value):
+        if not tensor_is_its_bytes(value):
             raise TypeError(f"pad_collate: {format_path(path, i)} is a tensor that is more "
                             f"than its bytes (on {value.device}, requires_grad, nested, "
                             f"quantized or sparse), which pad_collate cannot pad")

@@ -505,7 +505,7 @@ def test_defaultdict_factory_survives_and_samples_untouched():
 
 
 def test_custom_mutable_mapping_sharing_storage(torch):
-    # BUG: MappingNode.__init__ (collate.py) builds its template with
+    # BUG: MappingNode.__init__ (collate/layout.py) builds its template with
     # copy.copy(elem).clear().  For a MutableMapping whose copy shares its
     # storage (any wrapper class: copy.copy is shallow) that clears the
     # user's first sample, and collation then fails with a nonsensical

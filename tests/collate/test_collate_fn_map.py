@@ -137,7 +137,7 @@ def _spy_on_collate_into(monkeypatch) -> list:
         calls.append(samples)
         return collate_into(samples, *args, **kwargs)
 
-    monkeypatch.setattr(fl_collate, "collate_into", spy)
+    monkeypatch.setattr(fl_collate.fn_map, "collate_into", spy)  # default_collate's
     monkeypatch.setattr(fastload.fetch, "collate_into", spy)
     return calls
 
