@@ -12,6 +12,8 @@
 # so that 8 outputs' weights for one tap are one load.  Same integer
 # arithmetic as Pillow's pass, in the same fixed point, so the same bits.
 
+from cpython.mem cimport PyMem_Calloc
+
 cdef extern from *:
     """
     #include <stdint.h>
@@ -131,65 +133,82 @@ cdef extern from *:
                        Py_ssize_t plane, int flip) noexcept nogil
 
 
-cdef class _PassWeights:
-    """One pass's bounds and fixed-point weights (Pillow's), or the identity."""
-    cdef public object bounds, weights
-    cdef public int ksize
-
-    @cython.boundscheck(False)   # indexes 0 of buffers proven non-empty
-    @cython.wraparound(False)
-    def __init__(self, int kind, int in_size, double start, double stop, int out_size,
-                 bint identity):
-        cdef float in0 = start, in1 = stop   # Pillow parses its box as C floats
-        if identity:
-            self.ksize = 1
-            self.bounds = np.stack([np.arange(out_size, dtype=np.int32),
-                                    np.ones(out_size, dtype=np.int32)], axis=1).reshape(-1)
-            self.weights = np.full(out_size, 1 << _PRECISION_BITS, dtype=np.int32)
-            return
-        self.ksize = _taps_bound(kind, in0, in1, out_size)
-        self.bounds = np.empty(2 * out_size, dtype=np.int32)
-        self.weights = np.zeros(<Py_ssize_t>out_size * self.ksize, dtype=np.int32)
-        scratch = np.empty(self.ksize, dtype=np.float64)
-        cdef int32_t[::1] b = self.bounds, w = self.weights
-        cdef double[::1] tmp = scratch
-        with nogil:
-            _weights(kind, in_size, in0, in1, out_size, self.ksize, &b[0], &w[0], &tmp[0])
+cdef struct _Pass:
+    # One pass's weights as Pillow computes them: per output pixel its first
+    # input pixel and tap count (bounds), and ksize fixed-point weights.  For a
+    # horizontal pass under AVX2, the same tap-major: the byte offset of each
+    # tap's pixel (kept inside the row where the weight is 0) and its weight.
+    int ksize
+    int32_t* bounds
+    int32_t* weights
+    int32_t* offsets
+    int32_t* tap_weights
 
 
-@cython.boundscheck(False)   # indexes 0 of buffers proven non-empty
-@cython.wraparound(False)
+cdef int _pass_init(_Pass* p, int kind, int in_size, float in0, float in1, int out_size,
+                    bint identity) except -1:
+    """Fill ``p`` (all pointers NULL first, so ``_pass_free`` is always safe)."""
+    cdef int x
+    cdef double* scratch
+    p.offsets = p.tap_weights = NULL
+    p.ksize = 1 if identity else _taps_bound(kind, in0, in1, out_size)
+    p.bounds = <int32_t*>PyMem_Malloc(2 * out_size * sizeof(int32_t))
+    p.weights = <int32_t*>PyMem_Calloc(<size_t>out_size * p.ksize, sizeof(int32_t))
+    if p.bounds == NULL or p.weights == NULL:
+        raise MemoryError()
+    if identity:   # the pass Pillow skips, as an exact copy
+        for x in range(out_size):
+            p.bounds[2 * x], p.bounds[2 * x + 1] = x, 1
+            p.weights[x] = 1 << _PRECISION_BITS
+        return 0
+    scratch = <double*>PyMem_Malloc(p.ksize * sizeof(double))
+    if scratch == NULL:
+        raise MemoryError()
+    _weights(kind, in_size, in0, in1, out_size, p.ksize, p.bounds, p.weights, scratch)
+    PyMem_Free(scratch)
+    return 0
+
+
+cdef int _pass_tap_major(_Pass* p, int in_size, int out_size, int ps) except -1:
+    cdef int x, t, pixel
+    p.offsets = <int32_t*>PyMem_Malloc(<size_t>out_size * p.ksize * sizeof(int32_t))
+    p.tap_weights = <int32_t*>PyMem_Malloc(<size_t>out_size * p.ksize * sizeof(int32_t))
+    if p.offsets == NULL or p.tap_weights == NULL:
+        raise MemoryError()
+    for t in range(p.ksize):
+        for x in range(out_size):
+            pixel = p.bounds[2 * x] + t
+            p.offsets[t * out_size + x] = (pixel if pixel < in_size else in_size - 1) * ps
+            p.tap_weights[t * out_size + x] = p.weights[x * p.ksize + t]
+    return 0
+
+
+cdef void _pass_free(_Pass* p) noexcept:
+    PyMem_Free(p.bounds)
+    PyMem_Free(p.weights)
+    PyMem_Free(p.offsets)
+    PyMem_Free(p.tap_weights)
+
+
 cdef void _vertical(const uint8_t* src, Py_ssize_t stride, Py_ssize_t n, int out_rows,
-                    _PassWeights p, uint8_t* out, Py_ssize_t out_stride):
-    cdef int32_t[::1] b = p.bounds, w = p.weights
+                    _Pass* p, uint8_t* out, Py_ssize_t out_stride) noexcept nogil:
     if _HAVE_AVX2:
-        fl_resample_rows_avx2(src, stride, n, out_rows, &b[0], &w[0], p.ksize, out, out_stride)
+        fl_resample_rows_avx2(src, stride, n, out_rows, p.bounds, p.weights, p.ksize, out,
+                              out_stride)
     else:
-        fl_resample_rows_generic(src, stride, n, out_rows, &b[0], &w[0], p.ksize, out,
+        fl_resample_rows_generic(src, stride, n, out_rows, p.bounds, p.weights, p.ksize, out,
                                  out_stride)
 
 
-@cython.boundscheck(False)   # indexes 0 of buffers proven non-empty
-@cython.wraparound(False)
 cdef void _horizontal(const uint8_t* src, Py_ssize_t stride, int ps, int rows, int safe_rows,
-                      int in_size, int out_w, _PassWeights p, uint8_t* out,
-                      Py_ssize_t out_stride, Py_ssize_t plane, bint flip):
-    cdef int32_t[::1] b = p.bounds, w = p.weights
-    cdef int ksize = p.ksize
-    if not _HAVE_AVX2:
-        fl_hpass_generic(src, stride, ps, rows, safe_rows, out_w, &b[0], &w[0], ksize,
+                      int out_w, _Pass* p, uint8_t* out, Py_ssize_t out_stride,
+                      Py_ssize_t plane, bint flip) noexcept nogil:
+    if p.offsets != NULL:
+        fl_hpass_avx2(src, stride, ps, rows, safe_rows, out_w, p.bounds, p.weights, p.ksize,
+                      p.offsets, p.tap_weights, out, out_stride, plane, flip)
+    else:
+        fl_hpass_generic(src, stride, ps, rows, safe_rows, out_w, p.bounds, p.weights, p.ksize,
                          NULL, NULL, out, out_stride, plane, flip)
-        return
-    # Tap-major tables: for tap t of output x, its pixel's byte offset (kept
-    # inside the row where the tap is past the pixel's own count: weight 0).
-    taps = np.arange(ksize, dtype=np.int32)[:, None]
-    bounds = np.asarray(p.bounds).reshape(-1, 2)
-    offsets = np.ascontiguousarray(
-        np.minimum(bounds[:, 0][None, :] + taps, in_size - 1) * ps, dtype=np.int32)
-    tap_weights = np.ascontiguousarray(np.asarray(p.weights).reshape(out_w, ksize).T)
-    cdef int32_t[::1] o = offsets.reshape(-1), tw = tap_weights.reshape(-1)
-    fl_hpass_avx2(src, stride, ps, rows, safe_rows, out_w, &b[0], &w[0], ksize, &o[0], &tw[0],
-                  out, out_stride, plane, flip)
 
 
 @cython.boundscheck(False)
@@ -218,58 +237,80 @@ def resize_packed_to_chw(const uint8_t[::1] data not None, Py_ssize_t offset,
             offset + (height - 1) * row_bytes + <Py_ssize_t>width * pixel_bytes > data.shape[0]:
         raise ValueError(f"resize_packed_to_chw: a {width}x{height} image at offset {offset}, "
                          f"rows {row_bytes} bytes apart, is not inside {data.shape[0]} bytes")
-    cdef float l = left, t = top, r = right, btm = bottom
+    cdef float l = left, t = top, r = right, btm = bottom   # Pillow's box is C floats
     if not (0 <= l < r <= width and 0 <= t < btm <= height):
         raise ValueError(f"resize_packed_to_chw: box {tuple(box)} is not inside "
                          f"{width}x{height}")
+    out = np.empty((3, out_height, out_width), dtype=np.uint8)
+    cdef uint8_t[:, :, ::1] o = out
+    cdef _Pass xs, ys
+    xs.bounds = xs.weights = xs.offsets = xs.tap_weights = NULL
+    ys.bounds = ys.weights = ys.offsets = ys.tap_weights = NULL
+    try:
+        _resize_packed(&data[0] + offset, row_bytes, pixel_bytes, width, height,
+                       data.shape[0] - offset, l, t, r, btm, resample, vertical_first, flip,
+                       &xs, &ys, &o[0, 0, 0], out_width, out_height)
+    finally:
+        _pass_free(&xs)
+        _pass_free(&ys)
+    return out
+
+
+@cython.boundscheck(False)   # indexes 0 of arrays just made non-empty
+@cython.wraparound(False)
+cdef int _resize_packed(const uint8_t* src, Py_ssize_t row_bytes, int ps, int width,
+                        int height, Py_ssize_t available, float left, float top, float right,
+                        float bottom, int resample, bint vertical_first, bint flip,
+                        _Pass* xs, _Pass* ys, uint8_t* out, int out_width, int out_height
+                        ) except -1:
     # Pillow skips a pass that would change nothing (same size, whole extent).
     cdef bint along_x = out_width != width or left != 0 or right != out_width
     cdef bint along_y = out_height != height or top != 0 or bottom != out_height
-    xs = _PassWeights(resample, width, left, right, out_width, not along_x)
-    out = np.empty((3, out_height, out_width), dtype=np.uint8)
-    cdef uint8_t[:, :, ::1] o = out
-    cdef Py_ssize_t plane = <Py_ssize_t>out_height * out_width
-    cdef const uint8_t* src = &data[0] + offset
-    cdef int safe
-    cdef Py_ssize_t stride
+    cdef Py_ssize_t plane = <Py_ssize_t>out_height * out_width, stride
+    cdef int first, last, y, c, safe
     cdef uint8_t[:, ::1] mid
-    cdef uint8_t[:, :, ::1] planes
-    cdef int c
+    _pass_init(xs, resample, width, left, right, out_width, not along_x)
+    if _HAVE_AVX2:
+        _pass_tap_major(xs, width, out_width, ps)
     if along_y and vertical_first:
-        ys = _PassWeights(resample, height, top, bottom, out_height, False)
-        stride = <Py_ssize_t>width * pixel_bytes + 4   # room for the last pixel's 4-byte load
+        _pass_init(ys, resample, height, top, bottom, out_height, False)
+        stride = <Py_ssize_t>width * ps + 4   # room for the last pixel's 4-byte load
         mid = np.empty((out_height, stride), dtype=np.uint8)
-        _vertical(src, row_bytes, <Py_ssize_t>width * pixel_bytes, out_height, ys, &mid[0, 0],
-                  stride)
-        _horizontal(&mid[0, 0], stride, pixel_bytes, out_height, out_height, width, out_width,
-                    xs, &o[0, 0, 0], out_width, plane, flip)
-        return out
+        with nogil:
+            _vertical(src, row_bytes, <Py_ssize_t>width * ps, out_height, ys, &mid[0, 0],
+                      stride)
+            _horizontal(&mid[0, 0], stride, ps, out_height, out_height, out_width, xs, out,
+                        out_width, plane, flip)
+        return 0
     # Horizontal first: only the rows the vertical pass reads, as Pillow does.
-    ys = _PassWeights(resample, height, top, bottom, out_height, not along_y)
-    ybounds = ys.bounds.reshape(-1, 2)
-    cdef int first = ybounds[0, 0], last = ybounds[-1, 0] + ybounds[-1, 1]
-    ybounds[:, 0] -= first
-    safe = _safe_rows(data.shape[0] - offset - first * row_bytes, row_bytes, last - first,
-                      (width - 1) * pixel_bytes + 4)
+    _pass_init(ys, resample, height, top, bottom, out_height, not along_y)
+    first = ys.bounds[0]
+    last = ys.bounds[2 * (out_height - 1)] + ys.bounds[2 * (out_height - 1) + 1]
+    for y in range(out_height):
+        ys.bounds[2 * y] -= first
+    src += first * row_bytes
+    safe = _safe_rows(available - first * row_bytes, row_bytes, last - first,
+                      (width - 1) * ps + 4)
     if not along_y:
-        _horizontal(src, row_bytes, pixel_bytes, out_height, safe, width, out_width, xs,
-                    &o[0, 0, 0], out_width, plane, flip)
-        return out
-    planes = np.empty((3, last - first, out_width), dtype=np.uint8)
-    _horizontal(src + first * row_bytes, row_bytes, pixel_bytes, last - first, safe, width,
-                out_width, xs, &planes[0, 0, 0], out_width,
-                <Py_ssize_t>(last - first) * out_width, flip)
-    for c in range(3):
-        _vertical(&planes[c, 0, 0], out_width, out_width, out_height, ys, &o[c, 0, 0],
-                  out_width)
-    return out
+        with nogil:
+            _horizontal(src, row_bytes, ps, out_height, safe, out_width, xs, out, out_width,
+                        plane, flip)
+        return 0
+    mid = np.empty((3 * (last - first), out_width), dtype=np.uint8)
+    with nogil:
+        _horizontal(src, row_bytes, ps, last - first, safe, out_width, xs, &mid[0, 0],
+                    out_width, <Py_ssize_t>(last - first) * out_width, flip)
+        for c in range(3):
+            _vertical(&mid[c * (last - first), 0], out_width, out_width, out_height, ys,
+                      out + c * plane, out_width)
+    return 0
 
 
 cdef int _safe_rows(Py_ssize_t available, Py_ssize_t row_bytes, int rows, Py_ssize_t reach):
     """How many rows, from the first, have ``reach`` bytes readable at their start."""
     if available < reach:
         return 0
-    return min(rows, <int>((available - reach) // row_bytes) + 1)
+    return <int>min(rows, (available - reach) // row_bytes + 1)
 
 
 def _resample_use_avx2(bint on):
