@@ -132,3 +132,34 @@ def test_bad_arguments_name_what_is_wrong():
         call(data, 0, 15, 2, 5, 4, (0, 0, 5, 4), 2, 2, 2, False, False)
     with pytest.raises(ValueError, match="to 0x2"):
         call(data, 0, 15, 3, 5, 4, (0, 0, 5, 4), 0, 2, 2, False, False)
+
+
+@pytest.fixture
+def pillow_in_many_blocks():
+    """Pillow allocating images in 4 KiB blocks: rows not in one block, nothing to lend."""
+    core = Image.core
+    previous = core.get_block_size()
+    core.set_block_size(4096)
+    yield
+    core.set_block_size(previous)
+
+
+def test_resize_to_chw_reads_pillows_memory_and_falls_back_where_it_cannot(
+        pillow_in_many_blocks):
+    from fastload.vision import resample as resample_module
+
+    rng = np.random.default_rng(4)
+    pixels = rng.integers(0, 256, (70, 90, 3), dtype=np.uint8)
+    Image.core.set_block_size(1 << 24)
+    one_block = Image.fromarray(pixels)
+    Image.core.set_block_size(4096)
+    many_blocks = Image.fromarray(pixels)
+    if hasattr(one_block, "__arrow_c_array__"):  # Pillow >= 11.2 lends its memory
+        assert resample_module._resize_in_pillow_memory(one_block, (40, 30), 2, None,
+                                                        False) is not None
+    assert resample_module._resize_in_pillow_memory(many_blocks, (40, 30), 2, None,
+                                                    False) is None
+    for img in (one_block, many_blocks):
+        for size, box, flip in [((40, 30), None, False), ((128, 91), (3.5, 2, 80, 69.5), True)]:
+            got = resample_module.resize_to_chw(img, size, Image.Resampling.BICUBIC, box, flip)
+            assert np.array_equal(got, pillow_chw(img, size, Image.Resampling.BICUBIC, box, flip))

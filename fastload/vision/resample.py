@@ -93,7 +93,30 @@ def resize_to_chw(img: Image.Image, size: tuple[int, int], resample: int,
     if not fusable(img.mode, resample):
         raise ValueError(f"resize_to_chw cannot reproduce Pillow for a {img.mode} image with "
                          f"resample={resample}; check fusable() first")
+    in_place = _resize_in_pillow_memory(img, size, resample, box, flip)
+    if in_place is not None:
+        return in_place
     return _resize(img, size, resample, box, flip, pass_order())
+
+
+def _resize_in_pillow_memory(img: Image.Image, size: tuple[int, int], resample: int,
+                             box: tuple[float, float, float, float] | None, flip: bool
+                             ) -> np.ndarray | None:
+    """``resize_to_chw`` read where Pillow keeps the pixels (its Arrow export, no copy);
+    None where Pillow does not lend them (an older Pillow, several memory blocks)."""
+    export = getattr(img, "__arrow_c_array__", None)
+    if export is None:
+        return None
+    try:
+        schema, array = export()
+    except (ValueError, TypeError, OSError, NotImplementedError):
+        return None
+    width, height = img.size
+    out_width, out_height = size
+    return _core.resize_arrow_rgb_to_chw(
+        schema, array, width, height, box if box is not None else (0, 0, width, height),
+        out_width, out_height, int(resample), pass_order()(height, width, out_height, out_width),
+        flip)
 
 
 def resize_rgb_bytes_to_chw(buffer, width: int, height: int, crop: tuple[int, int, int, int],
