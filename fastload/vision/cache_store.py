@@ -14,8 +14,9 @@ A writer killed in step 1 leaves bytes no record points to; one killed in
 step 2 cannot tear a 64-byte append (one ``write`` of a block-aligned record),
 and a record damaged any other way (a crash of the machine) fails its
 checksum.  Readers therefore only ever see complete entries, and they check
-each entry's bytes against its checksum when they read them (a crash of the
-machine can leave a record whose data pages never reached the disk).  When a
+each entry's bytes against its checksum before they first use them, once per
+process (a crash of the machine can leave a record whose data pages never
+reached the disk; committed bytes never change after).  When a
 later process finds a pair whose owner is gone (its lock is free), it adopts
 it: it cuts off the uncommitted tail of both files and appends there, so the
 number of files stays that of the most writers that ever ran at once.

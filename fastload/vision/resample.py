@@ -4,12 +4,15 @@ A standard training pipeline ends ``RandomResizedCrop -> RandomHorizontalFlip
 -> ToArray``.  Pillow's resize reads a few pixels per output pixel in its
 horizontal pass and walks down columns in its vertical one, which keeps it
 scalar; then the flip makes another image and ``ToArray`` copies and
-transposes the pixels.  Here both passes run along rows with
-``_core.resample_rows`` (vectorised), on pixels of 4 bytes (``RGBX``, as
-Pillow stores RGB) so that turning the image's columns into rows is a cheap
-32-bit transpose; the flip and the channel-first layout come from the last
-copy.  Every pass does Pillow's own fixed-point arithmetic, so the pixels
-are Pillow's, bit for bit, about twice as fast.
+transposes the pixels.  Here (``_core.resize_packed_to_chw``) the passes read
+the pixels where they are, Pillow's memory (lent through its Arrow export) or
+the decoded-image cache's mapped bytes: the vertical pass runs along rows
+(``_core.resample_rows``' loop, vectorised), the horizontal one gathers the
+taps of 8 output pixels at once and writes each channel's plane, mirrored for
+the flip: no copy in between.  Every pass does Pillow's own fixed-point
+arithmetic, so the pixels are Pillow's, bit for bit.  Where Pillow cannot
+lend its memory, ``_resize`` runs the same passes along rows over a copy,
+turning columns into rows with 32-bit transposes of ``RGBX`` pixels.
 
 Which pass Pillow runs first shows in the last bit (each pass rounds to 8
 bits).  Pillow up to 12 always runs the horizontal pass first; Pillow 13
