@@ -337,9 +337,7 @@ class DecodedImageCache:
                                                  img.height, _MODE_NUMBERS[img.mode], fmt,
                                                  data_sum)
                 self._table.add_own(record, self._writer.stem, at)
-                own = self._table.find(*key)
-                if own is not None:
-                    self._verified.add(own)  # its bytes are the ones just summed
+                self._verified.add(_own_entry(record, self._writer.stem))
         except OSError as error:
             self._writes_off = True
             if self._writer is not None:
@@ -376,6 +374,12 @@ def _apply(img: Image.Image, transform: Any) -> tuple[Any, Steps]:
     if head is None:
         return img, (transform,)
     return render_planned(img, head, rest)
+
+
+def _own_entry(record: Any, stem: str) -> Entry:
+    """The entry this process just committed: its bytes are the ones it summed."""
+    (_, _, _, _, offset, length, width, height, mode, fmt, data_sum, _) = record[0].item()
+    return Entry(stem + ".data", offset, length, width, height, mode, fmt, data_sum)
 
 
 def _packed_rgb(img: Image.Image) -> tuple[np.ndarray, int] | None:
