@@ -10,6 +10,10 @@ extension module so the kernels share a single import:
   collate-into-buffer copies.
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
   (the image pipeline's hot loop).
+* ``_resample_packed.pxi``: Pillow's whole resize from packed pixels in place
+  (stored RGB, RGBX) to the channel-first output.
+* ``_pillow_pixels.pxi``: an RGB image's pixels out of Pillow in one copy
+  (the decoded-image cache's fill).
 * ``_text.pxi``: a batch's strings joined for the result pipe.
 * ``_plan_key.pxi``: the key under which a batch's planned layout is kept.
 * ``_views.pxi``: zero-copy arrays over a ring slot, for the batches the
@@ -28,6 +32,8 @@ include "_copy.pxi"
 include "_pad.pxi"
 include "_buckets.pxi"
 include "_resample.pxi"
+include "_resample_packed.pxi"
+include "_pillow_pixels.pxi"
 include "_text.pxi"
 include "_plan_key.pxi"
 include "_views.pxi"

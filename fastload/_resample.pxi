@@ -134,23 +134,24 @@ cdef extern from *:
     #define FL_PRECISION_BITS 22   /* _PRECISION_BITS */
     #define FL_BLOCK 32            /* elements whose sums stay in registers */
 
-    #define FL_CLIP8(sum) ((uint8_t)((sum) >> FL_PRECISION_BITS < 0 ? 0 :           \
+    #define FL_CLIP8(sum) ((uint8_t)((sum) >> FL_PRECISION_BITS < 0 ? 0 :            \
         ((sum) >> FL_PRECISION_BITS > 255 ? 255 : (sum) >> FL_PRECISION_BITS)))
 
     /* out row r = clip(sum over taps t of src row (bounds[2r] + t) * weight),
-       element by element over rows of n bytes. */
+       element by element over rows of n bytes, rows src_stride / dst_stride
+       bytes apart (so a pass can read stored pixels in place). */
     #define FL_RESAMPLE_ROWS_BODY                                                    \
         for (int r = 0; r < out_rows; r++) {                                         \
             int taps = bounds[2 * r + 1];                                            \
-            const uint8_t *first = src + (ptrdiff_t)bounds[2 * r] * n;               \
+            const uint8_t *first = src + (ptrdiff_t)bounds[2 * r] * src_stride;      \
             const int32_t *w = weights + (ptrdiff_t)r * ksize;                       \
-            uint8_t *dst = out + (ptrdiff_t)r * n;                                   \
+            uint8_t *dst = out + (ptrdiff_t)r * dst_stride;                          \
             ptrdiff_t i = 0;                                                         \
             for (; i + FL_BLOCK <= n; i += FL_BLOCK) {                               \
                 int32_t acc[FL_BLOCK];                                               \
                 for (int j = 0; j < FL_BLOCK; j++) acc[j] = 1 << (FL_PRECISION_BITS - 1); \
                 for (int t = 0; t < taps; t++) {                                     \
-                    const uint8_t *line = first + (ptrdiff_t)t * n + i;              \
+                    const uint8_t *line = first + (ptrdiff_t)t * src_stride + i;     \
                     int32_t wt = w[t];                                               \
                     for (int j = 0; j < FL_BLOCK; j++) acc[j] += line[j] * wt;       \
                 }                                                                    \
@@ -158,13 +159,14 @@ cdef extern from *:
             }                                                                        \
             for (; i < n; i++) {                                                     \
                 int32_t acc = 1 << (FL_PRECISION_BITS - 1);                          \
-                for (int t = 0; t < taps; t++) acc += first[(ptrdiff_t)t * n + i] * w[t]; \
+                for (int t = 0; t < taps; t++) acc += first[(ptrdiff_t)t * src_stride + i] * w[t]; \
                 dst[i] = FL_CLIP8(acc);                                              \
             }                                                                        \
         }
 
-    #define FL_RESAMPLE_ROWS_ARGS const uint8_t *src, ptrdiff_t n, int out_rows,     \
-        const int32_t *bounds, const int32_t *weights, int ksize, uint8_t *out
+    #define FL_RESAMPLE_ROWS_ARGS const uint8_t *src, ptrdiff_t src_stride, ptrdiff_t n, \
+        int out_rows, const int32_t *bounds, const int32_t *weights, int ksize,      \
+        uint8_t *out, ptrdiff_t dst_stride
 
     static void fl_resample_rows_generic(FL_RESAMPLE_ROWS_ARGS) { FL_RESAMPLE_ROWS_BODY }
 
@@ -180,12 +182,12 @@ cdef extern from *:
     static int fl_cpu_has_avx2(void) { return 0; }
     #endif
     """
-    void fl_resample_rows_generic(const uint8_t* src, Py_ssize_t n, int out_rows,
-                                  const int32_t* bounds, const int32_t* weights, int ksize,
-                                  uint8_t* out) noexcept nogil
-    void fl_resample_rows_avx2(const uint8_t* src, Py_ssize_t n, int out_rows,
-                               const int32_t* bounds, const int32_t* weights, int ksize,
-                               uint8_t* out) noexcept nogil
+    void fl_resample_rows_generic(const uint8_t* src, Py_ssize_t src_stride, Py_ssize_t n,
+                                  int out_rows, const int32_t* bounds, const int32_t* weights,
+                                  int ksize, uint8_t* out, Py_ssize_t dst_stride) noexcept nogil
+    void fl_resample_rows_avx2(const uint8_t* src, Py_ssize_t src_stride, Py_ssize_t n,
+                               int out_rows, const int32_t* bounds, const int32_t* weights,
+                               int ksize, uint8_t* out, Py_ssize_t dst_stride) noexcept nogil
     int fl_cpu_has_avx2() noexcept nogil
 
 cdef bint _HAVE_AVX2 = fl_cpu_has_avx2()
@@ -224,6 +226,7 @@ def resample_rows(const uint8_t[:, ::1] src not None, double start, double stop,
     with nogil:
         _weights(resample, in_size, in0, in1, out_size, ksize, &b[0], &w[0], &tmp[0])
         if _HAVE_AVX2:
-            fl_resample_rows_avx2(&src[0, 0], n, out_size, &b[0], &w[0], ksize, &out[0, 0])
+            fl_resample_rows_avx2(&src[0, 0], n, n, out_size, &b[0], &w[0], ksize, &out[0, 0], n)
         else:
-            fl_resample_rows_generic(&src[0, 0], n, out_size, &b[0], &w[0], ksize, &out[0, 0])
+            fl_resample_rows_generic(&src[0, 0], n, n, out_size, &b[0], &w[0], ksize, &out[0, 0],
+                                     n)

@@ -54,10 +54,13 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
+from .. import _core
 from .._lifetime.hooks import at_fork
 from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes, data_checksum
+from .cache_verified import VerifiedEntries
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
 from .resample import fusable, resize_rgb_bytes_to_chw
@@ -134,6 +137,7 @@ class DecodedImageCache:
         self._pid = os.getpid()
         self._table = IndexTable(self.directory)
         self._files = DataFiles(self.directory)
+        self._verified = VerifiedEntries()
         self._writer: StoreWriter | None = None
         self._writes_off = not self._usable
         self._bound_reached = False
@@ -198,8 +202,8 @@ class DecodedImageCache:
             self._stats["not_cached"] += 1  # nothing the store can hold: as it is
             return img, (() if transform is None else (transform,))
         fitted = self._fit(img)
-        payload, fmt = self._encode(fitted)
-        if key is None or not self._store(key, payload, fitted, fmt):
+        payload, fmt, data_sum = self._encode(fitted)
+        if key is None or not self._store(key, payload, fitted, fmt, data_sum):
             # Not kept (changed while read, over the bound, a failed write):
             # loaded as without a cache, like every image not cached.
             self._stats["not_cached"] += 1
@@ -248,8 +252,12 @@ class DecodedImageCache:
 
     def _from_entry(self, entry: Entry, transform: Any) -> tuple[Any, Steps] | None:
         view = self._files.view(entry)
-        if view is None or data_checksum(view) != entry.data_sum or entry.mode >= len(_MODES):
-            return None  # bytes missing or damaged (a crash of the machine): decode again
+        if view is None or entry.mode >= len(_MODES):
+            return None
+        if entry not in self._verified:  # committed bytes never change: check once
+            if data_checksum(view) != entry.data_sum:
+                return None  # bytes missing or damaged (a crash of the machine): decode again
+            self._verified.add(entry)
         try:
             return self._from_payload(view, entry.width, entry.height, _MODES[entry.mode],
                                       entry.format, transform)
@@ -303,14 +311,20 @@ class DecodedImageCache:
         size = cached_size(img.width, img.height, self.max_side)
         return img if size == img.size else img.resize(size, _RESIZE_FILTER)
 
-    def _encode(self, img: Image.Image) -> tuple[bytes, int]:
+    def _encode(self, img: Image.Image) -> tuple[Any, int, int | None]:
+        """The bytes to store, their format, and their ``data_checksum`` when known."""
         if self.format == "jpeg" and img.mode in ("L", "RGB"):
             buffer = io.BytesIO()
             img.save(buffer, "JPEG", quality=JPEG_QUALITY)
-            return buffer.getvalue(), _JPEG
-        return img.tobytes(), _RAW
+            return buffer.getvalue(), _JPEG, None
+        if img.mode == "RGB":
+            packed = _packed_rgb(img)
+            if packed is not None:
+                return packed[0], _RAW, packed[1]
+        return img.tobytes(), _RAW, None
 
-    def _store(self, key: tuple[int, int], payload: bytes, img: Image.Image, fmt: int) -> bool:
+    def _store(self, key: tuple[int, int], payload: Any, img: Image.Image, fmt: int,
+               data_sum: int | None = None) -> bool:
         """Commit one entry; False when it was not kept (the bound, a failed write)."""
         if self.max_bytes is not None and self._store_bytes() + len(payload) > self.max_bytes:
             self._stats["over_bound"] += 1
@@ -321,8 +335,10 @@ class DecodedImageCache:
                 if self._writer is None:
                     self._writer = StoreWriter(self.directory)
                 record, at, added = self._writer.append(key[0], key[1], payload, img.width,
-                                                 img.height, _MODE_NUMBERS[img.mode], fmt)
+                                                 img.height, _MODE_NUMBERS[img.mode], fmt,
+                                                 data_sum)
                 self._table.add_own(record, self._writer.stem, at)
+                self._verified.add(_own_entry(record, self._writer.stem))
         except OSError as error:
             self._writes_off = True
             if self._writer is not None:
@@ -359,6 +375,31 @@ def _apply(img: Image.Image, transform: Any) -> tuple[Any, Steps]:
     if head is None:
         return img, (transform,)
     return render_planned(img, head, rest)
+
+
+def _own_entry(record: Any, stem: str) -> Entry:
+    """The entry this process just committed: its bytes are the ones it summed."""
+    (_, _, _, _, offset, length, width, height, mode, fmt, data_sum, _) = record[0].item()
+    return Entry(stem + ".data", offset, length, width, height, mode, fmt, data_sum)
+
+
+def _packed_rgb(img: Image.Image) -> tuple[np.ndarray, int] | None:
+    """An RGB image's packed pixels and their ``data_checksum``, in one copy out of
+    Pillow's memory (``_core.pack_rgb_arrow``); None where Pillow cannot lend it
+    (an older Pillow, an image in several blocks of memory)."""
+    export = getattr(img, "__arrow_c_array__", None)
+    if export is None:
+        return None
+    try:
+        schema, array = export()
+    except (ValueError, TypeError, OSError, NotImplementedError):
+        return None
+    pixels = img.width * img.height
+    out = np.empty(3 * pixels, dtype=np.uint8)
+    total = _core.pack_rgb_arrow(schema, array, pixels, out)
+    if total is None:
+        return None
+    return out, (total + len(out)) & 0xFFFFFFFFFFFFFFFF
 
 
 def _fused_from_pixels(payload: Any, width: int, height: int, transform: Any

@@ -14,8 +14,9 @@ A writer killed in step 1 leaves bytes no record points to; one killed in
 step 2 cannot tear a 64-byte append (one ``write`` of a block-aligned record),
 and a record damaged any other way (a crash of the machine) fails its
 checksum.  Readers therefore only ever see complete entries, and they check
-each entry's bytes against its checksum when they read them (a crash of the
-machine can leave a record whose data pages never reached the disk).  When a
+each entry's bytes against its checksum before they first use them, once per
+process (a crash of the machine can leave a record whose data pages never
+reached the disk; committed bytes never change after).  When a
 later process finds a pair whose owner is gone (its lock is free), it adopts
 it: it cuts off the uncommitted tail of both files and appends there, so the
 number of files stays that of the most writers that ever ran at once.
@@ -370,9 +371,11 @@ class StoreWriter:
         raise OSError(errno.EAGAIN, "could not create a cache file pair", self.directory)
 
     def append(self, key_hi: int, key_lo: int, payload: bytes | memoryview, width: int,
-               height: int, mode: int, fmt: int) -> tuple[np.ndarray, int, int]:
+               height: int, mode: int, fmt: int, data_sum: int | None = None
+               ) -> tuple[np.ndarray, int, int]:
         """Store ``payload`` under the key; returns its committed record, where in the
-        index that record is, and how many bytes the data file grew by."""
+        index that record is, and how many bytes the data file grew by.  ``data_sum``:
+        the payload's ``data_checksum`` when the caller has it already."""
         view = memoryview(payload).cast("B")
         start = self._end
         offset = -(-start // _ALIGN) * _ALIGN  # aligned words for data_checksum
@@ -385,7 +388,7 @@ class StoreWriter:
         self._end = offset + written
         record = np.zeros(1, RECORD)
         record["magic"], record["version"] = _MAGIC, 1
-        record["data_sum"] = data_checksum(view)
+        record["data_sum"] = data_checksum(view) if data_sum is None else data_sum
         record["key_hi"], record["key_lo"] = key_hi, key_lo
         record["offset"], record["length"] = offset, len(view)
         record["width"], record["height"] = width, height

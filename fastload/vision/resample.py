@@ -4,12 +4,15 @@ A standard training pipeline ends ``RandomResizedCrop -> RandomHorizontalFlip
 -> ToArray``.  Pillow's resize reads a few pixels per output pixel in its
 horizontal pass and walks down columns in its vertical one, which keeps it
 scalar; then the flip makes another image and ``ToArray`` copies and
-transposes the pixels.  Here both passes run along rows with
-``_core.resample_rows`` (vectorised), on pixels of 4 bytes (``RGBX``, as
-Pillow stores RGB) so that turning the image's columns into rows is a cheap
-32-bit transpose; the flip and the channel-first layout come from the last
-copy.  Every pass does Pillow's own fixed-point arithmetic, so the pixels
-are Pillow's, bit for bit, about twice as fast.
+transposes the pixels.  Here (``_core.resize_packed_to_chw``) the passes read
+the pixels where they are, Pillow's memory (lent through its Arrow export) or
+the decoded-image cache's mapped bytes: the vertical pass runs along rows
+(``_core.resample_rows``' loop, vectorised), the horizontal one gathers the
+taps of 8 output pixels at once and writes each channel's plane, mirrored for
+the flip: no copy in between.  Every pass does Pillow's own fixed-point
+arithmetic, so the pixels are Pillow's, bit for bit.  Where Pillow cannot
+lend its memory, ``_resize`` runs the same passes along rows over a copy,
+turning columns into rows with 32-bit transposes of ``RGBX`` pixels.
 
 Which pass Pillow runs first shows in the last bit (each pass rounds to 8
 bits).  Pillow up to 12 always runs the horizontal pass first; Pillow 13
@@ -93,7 +96,30 @@ def resize_to_chw(img: Image.Image, size: tuple[int, int], resample: int,
     if not fusable(img.mode, resample):
         raise ValueError(f"resize_to_chw cannot reproduce Pillow for a {img.mode} image with "
                          f"resample={resample}; check fusable() first")
+    in_place = _resize_in_pillow_memory(img, size, resample, box, flip)
+    if in_place is not None:
+        return in_place
     return _resize(img, size, resample, box, flip, pass_order())
+
+
+def _resize_in_pillow_memory(img: Image.Image, size: tuple[int, int], resample: int,
+                             box: tuple[float, float, float, float] | None, flip: bool
+                             ) -> np.ndarray | None:
+    """``resize_to_chw`` read where Pillow keeps the pixels (its Arrow export, no copy);
+    None where Pillow does not lend them (an older Pillow, several memory blocks)."""
+    export = getattr(img, "__arrow_c_array__", None)
+    if export is None:
+        return None
+    try:
+        schema, array = export()
+    except (ValueError, TypeError, OSError, NotImplementedError):
+        return None
+    width, height = img.size
+    out_width, out_height = size
+    return _core.resize_arrow_rgb_to_chw(
+        schema, array, width, height, box if box is not None else (0, 0, width, height),
+        out_width, out_height, int(resample), pass_order()(height, width, out_height, out_width),
+        flip)
 
 
 def resize_rgb_bytes_to_chw(buffer, width: int, height: int, crop: tuple[int, int, int, int],
@@ -103,8 +129,8 @@ def resize_rgb_bytes_to_chw(buffer, width: int, height: int, crop: tuple[int, in
     ``height`` RGB image whose packed pixels (3 bytes each, row after row) are
     ``buffer`` (a memory map of stored pixels), without making a PIL image of it.
 
-    The decoded-image cache keeps raw RGB pixels; going from them straight to
-    the passes' 4-byte layout saves Pillow's copies (frombytes, crop, tobytes).
+    The decoded-image cache keeps raw RGB pixels; the passes read them where
+    they lie (``_core.resize_packed_to_chw``): no PIL image, no copy between.
     """
     if not fusable("RGB", resample):
         raise ValueError(f"resize_rgb_bytes_to_chw cannot reproduce Pillow with "
@@ -112,54 +138,12 @@ def resize_rgb_bytes_to_chw(buffer, width: int, height: int, crop: tuple[int, in
     left, top, right, bottom = crop
     if not (0 <= left < right <= width and 0 <= top < bottom <= height):
         raise ValueError(f"crop {crop} is not inside a {width}x{height} image")
-    region = _PackedRGB(buffer, (top * width + left) * 3, width * 3, right - left, bottom - top)
-    return _resize(region, size, resample, None, flip, pass_order())
-
-
-class _PackedRGB:
-    """The little of a PIL RGB image ``_resize`` uses, over packed RGB bytes."""
-
-    def __init__(self, buffer, offset: int, row_bytes: int, width: int, height: int,
-                 transposed: bool = False) -> None:
-        self.buffer, self.offset, self.row_bytes = buffer, offset, row_bytes
-        self.region = (width, height)
-        self.transposed = transposed
-        self.size = (height, width) if transposed else (width, height)
-        self.width, self.height = self.size
-
-    def transpose(self, method: int) -> "_PackedRGB":
-        assert method == Image.Transpose.TRANSPOSE and not self.transposed
-        return _PackedRGB(self.buffer, self.offset, self.row_bytes, *self.region, transposed=True)
-
-    def tobytes(self, encoder: str, mode: str) -> np.ndarray:
-        """The pixels as 4-byte words: each pixel's 3 bytes and, as the pad byte (which
-        the passes keep apart and which is dropped), whatever byte follows them."""
-        assert (encoder, mode) == ("raw", "RGBX")
-        width, height = self.region
-        # Read as unaligned 32-bit words, 3 bytes apart, in the order wanted
-        # (rows, or columns when transposed): one fast strided copy.  The last
-        # pixel of the buffer has no byte after it; its row is copied bytewise.
-        last = height if self.offset + (height - 1) * self.row_bytes + width * 3 < len(self.buffer) \
-            else height - 1
-        if self.transposed:
-            words = np.empty((width, height), dtype=np.uint32)
-            rows, strides = words[:, :last], (3, self.row_bytes)
-        else:
-            words = np.empty((height, width), dtype=np.uint32)
-            rows, strides = words[:last], (self.row_bytes, 3)
-        if last:
-            rows[...] = np.ndarray(rows.shape, dtype="<u4", buffer=self.buffer,
-                                   offset=self.offset, strides=strides)
-        if last < height:
-            start = self.offset + last * self.row_bytes
-            packed = np.frombuffer(self.buffer, np.uint8, width * 3, start).reshape(width, 3)
-            row = np.zeros(width, dtype=np.uint32)
-            row.view(np.uint8).reshape(width, 4)[:, :3] = packed
-            if self.transposed:
-                words[:, last] = row
-            else:
-                words[last] = row
-        return words.view(np.uint8)
+    out_width, out_height = size
+    region_width, region_height = right - left, bottom - top
+    return _core.resize_packed_to_chw(
+        buffer, (top * width + left) * 3, width * 3, 3, region_width, region_height,
+        (0, 0, region_width, region_height), out_width, out_height, int(resample),
+        pass_order()(region_height, region_width, out_height, out_width), flip)
 
 
 def _rgbx(img: Image.Image) -> np.ndarray:
