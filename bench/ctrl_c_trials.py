@@ -6,7 +6,7 @@ then sends SIGINT to its whole process group, as a terminal's Ctrl-C does.
 The trial counts as *lost* when the process has not ended with
 KeyboardInterrupt 3 s (torch: 8 s) later: CPython dropped the exception
 inside a ``__del__``, a weakref callback or an at-fork hook (see NOTE [
-Ctrl-C held over fork and teardown ] in fastload/interrupts.py).  Trials whose
+Ctrl-C held over fork and teardown ] in fastload/_lifetime/interrupts.py).  Trials whose
 stderr shows such a dropped KeyboardInterrupt in any process (a worker's
 too) are counted as *noisy*.
 

@@ -8,6 +8,7 @@ late.
 
 import ast
 import os
+import re
 
 from paths import REPO_DIR
 
@@ -94,3 +95,55 @@ def test_no_module_imports_one_that_imports_it_back():
              for name, path in modules.items()}
     assert sum(len(targets) for targets in graph.values()) > len(graph)  # it saw the imports
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+# A NOTE is defined on a line of its own (in a docstring or a comment);
+# elsewhere it is mentioned, often with the file it is in.  A mention may
+# wrap over lines, inside a comment.
+_NOTE = re.compile(r"NOTE \[ (.+?) \](?:[\s)]*in\s+[`]*([\w/.]+))?", re.DOTALL)
+_DEFINITION = re.compile(r"^[ \t]*(?:#[ \t]*)?NOTE \[ ([^\]\n]+) \][ \t]*$", re.MULTILINE)
+
+
+def _title(text: str) -> str:
+    return " ".join(re.sub(r"\n\s*#?", " ", text).split())
+
+
+def _text_files() -> list[str]:
+    found = []
+    for top in ("fastload", "docs", "bench", "tests", "examples"):
+        for folder, _, files in os.walk(os.path.join(REPO_DIR, top)):
+            found += [os.path.join(folder, name) for name in files
+                      if name.endswith((".py", ".pyx", ".pxi", ".pyi", ".md"))]
+    return found + [os.path.join(REPO_DIR, "README.md")]
+
+
+def _is_in(home: str, where: str) -> bool:
+    """Whether file ``home`` is the ``where`` a mention names: a path's tail,
+    with or without ".py", or a folder holding it."""
+    where = where.rstrip("/")
+    return (home.endswith(where) or home.removesuffix(".py").endswith(where)
+            or f"{where}/" in home)
+
+
+def test_every_note_mentioned_exists_where_the_mention_says():
+    texts = {}
+    for path in _text_files():
+        if os.path.samefile(path, __file__):
+            continue
+        with open(path) as handle:
+            texts[os.path.relpath(path, REPO_DIR)] = handle.read()
+    defined = {}
+    for path, text in texts.items():
+        for title in _DEFINITION.findall(text):
+            defined.setdefault(_title(title), []).append(path)
+    assert len(defined) > 10  # it found the NOTEs
+    wrong = []
+    for path, text in texts.items():
+        for title, where in _NOTE.findall(text):
+            title, where = _title(title), where.rstrip(".,;:")
+            homes = defined.get(title)
+            if not homes:
+                wrong.append(f"{path}: NOTE [ {title} ] is defined nowhere")
+            elif where and not any(_is_in(home, where) for home in homes):
+                wrong.append(f"{path}: NOTE [ {title} ] is in {homes}, not in {where}")
+    assert not wrong, "\n".join(wrong)
