@@ -1,8 +1,8 @@
 # cython: language_level=3
 """fastload's hot loops, compiled.
 
-Split by concept into include files so each reads on its own, but built as one
-extension module so the kernels share a single import:
+Split by concept into include files in ``_kernels/`` so each reads on its
+own, but built as one extension module so the kernels share a single import:
 
 * ``_random.pxi``: the PRNG and the index streams (permutation, bounded and
   weighted draws).
@@ -23,13 +23,13 @@ extension module so the kernels share a single import:
   ``ToArray()`` and ``Normalize`` would make them.
 """
 
-include "_random.pxi"
-include "_copy.pxi"
-include "_pad.pxi"
-include "_buckets.pxi"
-include "_resample.pxi"
-include "_text.pxi"
-include "_plan_key.pxi"
-include "_views.pxi"
-include "_termination.pxi"
-include "_image_rows.pxi"
+include "_kernels/_random.pxi"
+include "_kernels/_copy.pxi"
+include "_kernels/_pad.pxi"
+include "_kernels/_buckets.pxi"
+include "_kernels/_resample.pxi"
+include "_kernels/_text.pxi"
+include "_kernels/_plan_key.pxi"
+include "_kernels/_views.pxi"
+include "_kernels/_termination.pxi"
+include "_kernels/_image_rows.pxi"
