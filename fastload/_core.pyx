@@ -4,6 +4,8 @@
 Split by concept into include files in ``_kernels/`` so each reads on its
 own, but built as one extension module so the kernels share a single import:
 
+* ``_shared.pxi``, included first: what more than one kernel uses, written
+  once (numpy's dimension limit, prefetching, a gather's row check).
 * ``_random.pxi``: the PRNG and the index streams (permutation, bounded and
   weighted draws).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
@@ -14,7 +16,8 @@ own, but built as one extension module so the kernels share a single import:
 * ``_plan_key.pxi``: the key under which a batch's planned layout is kept.
 * ``_views.pxi``: zero-copy arrays over a ring slot, for the batches the
   main process hands out.
-* ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate).
+* ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate);
+  included after ``_copy.pxi``, whose leaf checks and copies it uses.
 * ``_buckets.pxi``: length-sorted samples packed into batches by a token
   budget (BucketBatchSampler).
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
@@ -23,6 +26,7 @@ own, but built as one extension module so the kernels share a single import:
   ``ToArray()`` and ``Normalize`` would make them.
 """
 
+include "_kernels/_shared.pxi"
 include "_kernels/_random.pxi"
 include "_kernels/_copy.pxi"
 include "_kernels/_pad.pxi"
