@@ -1,9 +1,11 @@
 # cython: language_level=3
 """fastload's hot loops, compiled.
 
-Split by concept into include files so each reads on its own, but built as one
-extension module so the kernels share a single import:
+Split by concept into include files in ``_kernels/`` so each reads on its
+own, but built as one extension module so the kernels share a single import:
 
+* ``_shared.pxi``, included first: what more than one kernel uses, written
+  once (numpy's dimension limit, prefetching, a gather's row check).
 * ``_random.pxi``: the PRNG and the index streams (permutation, bounded and
   weighted draws).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
@@ -18,7 +20,8 @@ extension module so the kernels share a single import:
 * ``_plan_key.pxi``: the key under which a batch's planned layout is kept.
 * ``_views.pxi``: zero-copy arrays over a ring slot, for the batches the
   main process hands out.
-* ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate).
+* ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate);
+  included after ``_copy.pxi``, whose leaf checks and copies it uses.
 * ``_buckets.pxi``: length-sorted samples packed into batches by a token
   budget (BucketBatchSampler).
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
@@ -27,15 +30,16 @@ extension module so the kernels share a single import:
   ``ToArray()`` and ``Normalize`` would make them.
 """
 
-include "_random.pxi"
-include "_copy.pxi"
-include "_pad.pxi"
-include "_buckets.pxi"
-include "_resample.pxi"
-include "_resample_packed.pxi"
-include "_pillow_pixels.pxi"
-include "_text.pxi"
-include "_plan_key.pxi"
-include "_views.pxi"
-include "_termination.pxi"
-include "_image_rows.pxi"
+include "_kernels/_shared.pxi"
+include "_kernels/_random.pxi"
+include "_kernels/_copy.pxi"
+include "_kernels/_pad.pxi"
+include "_kernels/_buckets.pxi"
+include "_kernels/_resample.pxi"
+include "_kernels/_resample_packed.pxi"
+include "_kernels/_pillow_pixels.pxi"
+include "_kernels/_text.pxi"
+include "_kernels/_plan_key.pxi"
+include "_kernels/_views.pxi"
+include "_kernels/_termination.pxi"
+include "_kernels/_image_rows.pxi"

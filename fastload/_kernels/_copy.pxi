@@ -20,14 +20,14 @@ from libc.string cimport memcpy
 
 import numpy as np
 
-cnp.import_array()
-
-# Reason codes returned by the collate kernels (mirrored in collate.py).
-COPY_OK = 0
-COPY_BAD_TYPE = 1      # the leaf is not of the kind the layout expects
-COPY_BAD_DTYPE = 2     # an array leaf of another dtype (torch would promote)
-COPY_BAD_SHAPE = 3     # an array leaf of another shape (torch raises)
-COPY_OVERFLOW = 4      # a Python int that does not fit int64 (float64 for a float leaf)
+# Reason codes returned by the collate kernels (mirrored in collate.py); a
+# cpdef enum, so the C checks and Python read the same values.
+cpdef enum:
+    COPY_OK = 0
+    COPY_BAD_TYPE = 1      # the leaf is not of the kind the layout expects
+    COPY_BAD_DTYPE = 2     # an array leaf of another dtype (torch would promote)
+    COPY_BAD_SHAPE = 3     # an array leaf of another shape (torch raises)
+    COPY_OVERFLOW = 4      # a Python int that does not fit int64 (float64 for a float leaf)
 
 # Scalar leaf kinds (mirrored in collate.py).
 SCALAR_INT = 1      # Python int  -> int64
@@ -41,44 +41,37 @@ SCALAR_NUMPY = 4    # numpy scalar -> its own dtype
 # noise next to the memcpy.
 cdef Py_ssize_t _NOGIL_COPY_BYTES = 1 << 16
 
-# NOTE [ Prefetching the rows of a gather ]
-# A shuffled batch reads its rows from all over a dataset far larger than the
-# caches, so every row starts with a miss to memory, which the hardware
-# prefetcher cannot foresee (it follows strides, not an index list), and a
-# small row (3-4 KiB) ends before its streaming has paid off.  The copy loops
-# ask for the row _PREFETCH_AHEAD places ahead while copying this one, up to
-# _PREFETCH_BYTES of it; past that, the hardware prefetcher keeps up
-# (bench/bench_kernels.py measures the collate copy).
-cdef enum:
-    _PREFETCH_AHEAD = 2
-    _PREFETCH_BYTES = 4096
-    _CACHE_LINE = 64
-
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define fl_prefetch(p) __builtin_prefetch((p), 0, 3)
-    #else
-    #define fl_prefetch(p) ((void)(p))
-    #endif
-    """
-    void fl_prefetch(const void* p) nogil
-
-
-cdef inline void _prefetch_row(const char* row, Py_ssize_t nbytes) noexcept nogil:
-    cdef Py_ssize_t offset = 0
-    cdef Py_ssize_t stop = nbytes if nbytes < _PREFETCH_BYTES else _PREFETCH_BYTES
-    while offset < stop:
-        fl_prefetch(row + offset)
-        offset += _CACHE_LINE
-
-
 cdef inline object _walk(object sample, tuple path):
     """``sample[path[0]][path[1]]...``: the leaf a layout path names."""
     cdef object obj = sample
     for key in path:
         obj = obj[key]
     return obj
+
+
+cdef inline int _array_leaf_fault(object leaf, int ndim, const cnp.npy_intp* want,
+                                  int first_fixed, cnp.dtype dtype) noexcept:
+    """COPY_OK if ``leaf`` is an ndarray of ``dtype`` (equivalent) with ``ndim``
+    dimensions, equal to ``want`` from axis ``first_fixed`` on; else why not.
+
+    The axes before ``first_fixed`` may have any length (padding's leading
+    one); an array without them is not the kind of leaf asked for.
+    """
+    if not cnp.PyArray_Check(leaf):
+        return COPY_BAD_TYPE
+    cdef int got_ndim = cnp.PyArray_NDIM(<cnp.ndarray> leaf)
+    if got_ndim < first_fixed:
+        return COPY_BAD_TYPE
+    if got_ndim != ndim:
+        return COPY_BAD_SHAPE
+    cdef cnp.npy_intp* got = cnp.PyArray_DIMS(<cnp.ndarray> leaf)
+    cdef int d
+    for d in range(first_fixed, ndim):
+        if got[d] != want[d]:
+            return COPY_BAD_SHAPE
+    if not cnp.PyArray_EquivTypes(<cnp.dtype> cnp.PyArray_DESCR(<cnp.ndarray> leaf), dtype):
+        return COPY_BAD_DTYPE
+    return COPY_OK
 
 
 @cython.boundscheck(False)
@@ -92,7 +85,7 @@ cdef void _copy_strided(char* dst, const char* src, int ndim, const cnp.npy_intp
     while inner > 0 and strides[inner - 1] == block:
         block *= shape[inner - 1]
         inner -= 1
-    cdef cnp.npy_intp counter[32]
+    cdef cnp.npy_intp counter[_MAX_DIMS]
     cdef int d
     cdef const char* src_pos
     cdef Py_ssize_t total_blocks = 1
@@ -162,12 +155,11 @@ def collate_array_leaf(list samples, tuple path, cnp.dtype dtype, tuple shape, c
     """
     cdef Py_ssize_t n = len(samples)
     cdef int ndim = len(shape)
-    if ndim > 32:
-        raise ValueError(f"arrays of {ndim} dimensions are not supported (at most 32)")
+    _check_ndim(ndim)
     if not cnp.PyArray_IS_C_CONTIGUOUS(out) or cnp.PyArray_NDIM(out) < 1 \
             or cnp.PyArray_DIMS(out)[0] != n or out.dtype != dtype:
         raise ValueError("out must be a C-contiguous array of the leaf's dtype with one row per sample")
-    cdef cnp.npy_intp want[32]
+    cdef cnp.npy_intp want[_MAX_DIMS]
     cdef Py_ssize_t row_bytes = dtype.itemsize
     cdef int d
     for d in range(ndim):
@@ -176,8 +168,7 @@ def collate_array_leaf(list samples, tuple path, cnp.dtype dtype, tuple shape, c
     cdef char* dst = <char*> cnp.PyArray_DATA(out)
     cdef Py_ssize_t i
     cdef object leaf
-    cdef cnp.ndarray arr
-    cdef cnp.npy_intp* got
+    cdef int fault
     # The leaves stay referenced here until copied: a sample may build its
     # leaf on access (a custom mapping), and nothing else would keep it alive.
     cdef list leaves = [None] * n
@@ -188,20 +179,12 @@ def collate_array_leaf(list samples, tuple path, cnp.dtype dtype, tuple shape, c
     try:
         for i in range(n):
             leaf = _walk(samples[i], path)
-            if not cnp.PyArray_Check(leaf):
-                return i, COPY_BAD_TYPE
-            arr = <cnp.ndarray> leaf
-            if cnp.PyArray_NDIM(arr) != ndim:
-                return i, COPY_BAD_SHAPE
-            got = cnp.PyArray_DIMS(arr)
-            for d in range(ndim):
-                if got[d] != want[d]:
-                    return i, COPY_BAD_SHAPE
-            if not cnp.PyArray_EquivTypes(<cnp.dtype> cnp.PyArray_DESCR(arr), dtype):
-                return i, COPY_BAD_DTYPE
+            fault = _array_leaf_fault(leaf, ndim, want, 0, dtype)
+            if fault != COPY_OK:
+                return i, fault
             leaves[i] = leaf
-            sources[i] = <const char*> cnp.PyArray_DATA(arr)
-            contiguous = contiguous and cnp.PyArray_IS_C_CONTIGUOUS(arr)
+            sources[i] = <const char*> cnp.PyArray_DATA(<cnp.ndarray> leaf)
+            contiguous = contiguous and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray> leaf)
         if not contiguous:
             for i in range(n):
                 _copy_array(dst + i * row_bytes, <cnp.ndarray> leaves[i], row_bytes)
@@ -323,22 +306,11 @@ def gather_rows(cnp.ndarray source, const int64_t[::1] rows, cnp.ndarray out):
             or out_shape != (count,) + source_shape[1:]:
         raise ValueError(f"out must be a C-contiguous {source.dtype} array of shape "
                          f"{(count,) + source_shape[1:]}, got {out.dtype} {out_shape}")
-    cdef Py_ssize_t i
-    cdef int64_t r
-    cdef bint any_negative = False
-    for i in range(count):
-        r = rows[i]
-        if r < 0:
-            any_negative = True
-            r += length
-        if r < 0 or r >= length:
-            raise IndexError(f"index {rows[i]} is out of range for a dataset of length {length}")
-    cdef const int64_t[::1] wrapped = rows
-    if any_negative:
-        wrapped = np.where(np.asarray(rows) < 0, np.asarray(rows) + length, np.asarray(rows))
+    cdef const int64_t[::1] wrapped = _rows_in_range(rows, length)
     if not cnp.PyArray_IS_C_CONTIGUOUS(source):
         np.take(source, np.asarray(wrapped), axis=0, out=out)
         return out
+    cdef Py_ssize_t i
     cdef Py_ssize_t row_bytes = source.itemsize
     for i in range(1, source.ndim):
         row_bytes *= cnp.PyArray_DIMS(source)[i]

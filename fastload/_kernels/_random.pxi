@@ -45,12 +45,6 @@ cdef extern from *:
         return p3 + (p1 >> 32) + (p2 >> 32) + (mid >> 32);
     #endif
     }
-
-    #if defined(__GNUC__) || defined(__clang__)
-    #define FL_PREFETCH(p) __builtin_prefetch((const void *)(p))
-    #else
-    #define FL_PREFETCH(p) ((void)0)
-    #endif
     """
     const uint64_t FL_SPLITMIX_GAMMA
     const uint64_t FL_SPLITMIX_MUL1
@@ -59,7 +53,6 @@ cdef extern from *:
     const double FL_TWO_POW_M53
     const uint64_t FL_UINT32_MAX
     uint64_t fl_mul64(uint64_t a, uint64_t b, uint64_t *lo) noexcept nogil
-    void FL_PREFETCH(const void *p) noexcept nogil
 
 
 # ---------------------------------------------------------------------------
@@ -380,7 +373,7 @@ cdef void _alias_draw(const uint64_t *table, uint64_t n, int64_t *out, int64_t c
             c = _rng_below(rng, n)
             cols[k] = c
             coins[k] = _rng_next(rng) >> 11
-            FL_PREFETCH(&table[2 * c])
+            fl_prefetch(&table[2 * c])
         for k in range(m):
             c = cols[k]
             if coins[k] < table[2 * c]:

@@ -1,4 +1,4 @@
-"""The index-stream kernels of fastload._core (_random.pxi).
+"""The index-stream kernels of fastload._core (_kernels/_random.pxi).
 
 Streams are pinned two ways: against small pure-Python reference
 implementations of the documented algorithms (xoshiro256** seeded by

@@ -21,8 +21,6 @@ cdef extern from "numpy/arrayobject.h":
                                 cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
                                 int flags, object obj)
 
-cnp.import_array()
-
 cdef cnp.dtype _UINT8 = np.dtype(np.uint8)
 
 
@@ -51,11 +49,10 @@ def slot_view(cnp.ndarray buffer, cnp.dtype dtype, tuple shape, Py_ssize_t offse
     """``np.ndarray(shape, dtype, buffer, offset)``: a C-contiguous view of
     ``buffer``'s bytes from ``offset`` (``buffer`` a contiguous byte array)."""
     cdef int ndim = len(shape)
-    cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
+    cdef cnp.npy_intp dims[_MAX_DIMS]
     cdef Py_ssize_t nbytes = dtype.itemsize
     cdef int axis
-    if ndim > cnp.NPY_MAXDIMS:
-        raise ValueError(f"a view of {ndim} dimensions (numpy allows {cnp.NPY_MAXDIMS})")
+    _check_ndim(ndim)
     if not cnp.PyArray_IS_C_CONTIGUOUS(buffer) or cnp.PyArray_ITEMSIZE(buffer) != 1:
         raise ValueError("slot_view needs a contiguous array of bytes")
     for axis in range(ndim):

@@ -8,6 +8,9 @@
 # of the output, fills the rest with the padding value's bytes and, if asked,
 # writes the mask.  As with the collate kernels, a bad leaf is reported as
 # ``(index, reason)`` so that the message can name the batch path.
+#
+# Included after _copy.pxi, whose leaf walk, leaf check, reason codes and
+# strided copy it uses.
 
 from libc.string cimport memset
 
@@ -48,9 +51,8 @@ def measure_padded_leaf(list samples, tuple path, cnp.dtype dtype, tuple trailin
     """
     cdef Py_ssize_t n = len(samples)
     cdef int ndim = 1 + len(trailing)
-    if ndim > 32:
-        raise ValueError(f"arrays of {ndim} dimensions are not supported (at most 32)")
-    cdef cnp.npy_intp want[32]
+    _check_ndim(ndim)
+    cdef cnp.npy_intp want[_MAX_DIMS]
     cdef int d
     for d in range(1, ndim):
         want[d] = trailing[d - 1]
@@ -59,28 +61,19 @@ def measure_padded_leaf(list samples, tuple path, cnp.dtype dtype, tuple trailin
     cdef int64_t[::1] length_view = lengths
     cdef Py_ssize_t i
     cdef object leaf
-    cdef cnp.ndarray arr
-    cdef cnp.npy_intp* got
+    cdef int fault
+    cdef cnp.npy_intp length
     cdef int64_t longest = 0
     for i in range(n):
         leaf = _walk(samples[i], path)
-        if not cnp.PyArray_Check(leaf):
-            return None, None, 0, i, COPY_BAD_TYPE
-        arr = <cnp.ndarray> leaf
-        if cnp.PyArray_NDIM(arr) == 0:
-            return None, None, 0, i, COPY_BAD_TYPE
-        if cnp.PyArray_NDIM(arr) != ndim:
-            return None, None, 0, i, COPY_BAD_SHAPE
-        got = cnp.PyArray_DIMS(arr)
-        for d in range(1, ndim):
-            if got[d] != want[d]:
-                return None, None, 0, i, COPY_BAD_SHAPE
-        if not cnp.PyArray_EquivTypes(<cnp.dtype> cnp.PyArray_DESCR(arr), dtype):
-            return None, None, 0, i, COPY_BAD_DTYPE
+        fault = _array_leaf_fault(leaf, ndim, want, 1, dtype)
+        if fault != COPY_OK:
+            return None, None, 0, i, fault
         leaves[i] = leaf
-        length_view[i] = got[0]
-        if got[0] > longest:
-            longest = got[0]
+        length = cnp.PyArray_DIMS(<cnp.ndarray> leaf)[0]
+        length_view[i] = length
+        if length > longest:
+            longest = length
     return leaves, lengths, longest, -1, COPY_OK
 
 

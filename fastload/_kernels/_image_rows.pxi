@@ -81,19 +81,7 @@ def gather_image_rows(cnp.ndarray source, const int64_t[::1] rows, cnp.ndarray o
             raise ValueError(f"table must be a C-contiguous float32 array of shape "
                              f"({channels}, 256), got {table_array.dtype} "
                              f"{(<object> table_array).shape}")
-    cdef Py_ssize_t i
-    cdef int64_t r
-    cdef bint any_negative = False
-    for i in range(count):
-        r = rows[i]
-        if r < 0:
-            any_negative = True
-            r += length
-        if r < 0 or r >= length:
-            raise IndexError(f"index {rows[i]} is out of range for a dataset of length {length}")
-    cdef const int64_t[::1] wrapped = rows
-    if any_negative:
-        wrapped = np.where(np.asarray(rows) < 0, np.asarray(rows) + length, np.asarray(rows))
+    cdef const int64_t[::1] wrapped = _rows_in_range(rows, length)
     if count == 0:
         return out
     cdef const uint8_t* src = <const uint8_t*> cnp.PyArray_DATA(source)
