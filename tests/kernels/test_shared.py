@@ -16,7 +16,7 @@ from batch_compare import assert_same_as_torch
 import fastload
 from fastload import _core
 from fastload.collate import default_collate
-from fastload.padding import pad_collate
+from fastload.collate import pad_collate
 
 
 def _numpy_allows(ndim: int) -> bool:
