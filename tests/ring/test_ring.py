@@ -19,14 +19,12 @@ import pytest
 
 import fastload as fl
 from fastload import _core
-from fastload import ring as ringmod
-from fastload.ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
+from fastload._ring import slots as ringmod
+from fastload._ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
 from datasets_for_workers import GrowingDataset, SquareDataset
 from forking import fork_child, run_and_exit
 from leakcheck import segment_pid, shm_entries
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_DIR = os.path.dirname(TESTS_DIR)
+from paths import REPO_DIR, TESTS_DIR
 
 
 def _exists(name: str) -> bool:
@@ -954,7 +952,7 @@ import os, sys
 sys.path[:0] = [{tests!r}, {repo!r}]
 import numpy as np
 import fastload as fl
-from fastload.ring import SharedMemoryError
+from fastload._ring import SharedMemoryError
 from datasets_for_workers import SquareDataset
 
 print("SHM", os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize, flush=True)
