@@ -1,11 +1,6 @@
-"""POSIX shared-memory segments, the ring's one OS resource, and the two
-limits a process meets making them: /dev/shm's free space and the open-file limit.
-
-A segment is created once under a name the main process chose and mapped by
-each process that writes or reads it; ``unlink`` removes the name, the mapping
-lives as long as an array of it does (NOTE [ Why one segment per slot ] in
-``slots.py``).
-"""
+"""POSIX shared-memory segments, the ring's one OS resource (NOTE [ Why one
+segment per slot ] in slots.py), and the two limits a process meets making
+them: /dev/shm's free space and the open-file limit."""
 
 from __future__ import annotations
 

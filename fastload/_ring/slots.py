@@ -1,5 +1,5 @@
-"""The main process's side of the ring: which slots exist, which are free,
-and the leases that keep a slot out of circulation while the caller holds a batch.
+"""Ring, SlotInfo and SlotLease: slots, and the leases that keep one out of
+circulation while the caller holds its batch.
 
 NOTE [ Why one segment per slot ]
 A slot is one POSIX shared-memory segment, created once and reused for batch

@@ -1,4 +1,4 @@
-"""The slots a loader keeps from one epoch's ring for the next one's (fork only).
+"""SpareSlots, and the reason a loader keeps any.
 
 NOTE [ Slots that outlive an epoch ]
 Without persistent workers every epoch starts new workers, and a ring of its

@@ -1,6 +1,5 @@
-"""A worker's side of the ring: it maps the slots it is given by name, and
-creates or regrows one when a batch needs more (NOTE [ Why one segment per
-slot ] in slots.py)."""
+"""SlotWriter and the allocation it gives each task (NOTE [ Why one segment
+per slot ] in slots.py)."""
 
 from __future__ import annotations
 
