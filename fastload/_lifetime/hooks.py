@@ -12,7 +12,8 @@ NOTE [ What happens at fork, at exit and on a signal ]
   the parent: decoded-image caches reread their index, so children start from
   the entries on disk; then the ring marks every slot the caller holds as held
   by the child (a forked child shares those pages: NOTE [ Batches a forked
-  child holds ] in ``_ring/fork_marks.py``), under a lock the parent releases right after.
+  child holds ] in ``_ring/fork_marks.py``), under a lock the parent releases
+  right after.
   In the child, in this order: note whether it is a loader's worker
   (``forks.py``; the other hooks ask); give a child the caller made the
   caller's signal handlers back (``interrupts.py``); a new lock for the slot
