@@ -50,7 +50,7 @@ from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running,
     shown_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
-from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files
+from fastload._ring import Ring, SpareSlots, near_open_file_limit, too_many_open_files
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload._lifetime.weak_registry import WeakRegistry

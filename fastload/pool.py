@@ -55,7 +55,7 @@ from fastload._lifetime.hooks import at_fork
 from fastload.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import signals_deferred, signals_held
 from fastload.layout_wire import dumps_task
-from fastload.ring import Segment, unlink_name
+from fastload._ring import Segment, unlink_name
 from fastload._lifetime.weak_registry import WeakRegistry
 from fastload.worker import STOP_MESSAGE, worker_loop
 

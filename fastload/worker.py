@@ -57,7 +57,7 @@ from fastload.fetch import BatchSource
 from fastload.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import restore_callers_handlers
 from fastload.layout_wire import RESEND_LAYOUTS, LayoutSender
-from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
+from fastload._ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 from fastload.worker_payload import PickledPayload
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",

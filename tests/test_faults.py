@@ -34,7 +34,7 @@ from datasets_for_workers import (CallLoggingDataset, CompletionLoggingDataset, 
                                   record_init)
 from fastload._lifetime import pipe_ends
 from forking import fork_child
-from fastload.ring import unlink_name
+from fastload._ring import unlink_name
 from leakcheck import is_alive, shm_entries
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -730,7 +730,7 @@ def test_a_callers_raising_handler_waits_for_the_teardown_to_end(monkeypatch, no
     # a worker that survived made a slot's segment after the names were
     # unlinked.  The signals are handled once the teardown is over.
     from fastload import pool
-    from fastload.ring import Ring
+    from fastload._ring import Ring
 
     class Raised(Exception):
         pass

@@ -602,7 +602,7 @@ def test_array_dataset_takes_only_integer_indices_as_torch(torch, num_workers):
 
 
 def test_batches_are_views_of_a_shared_slot():
-    from fastload.ring import SlotLease
+    from fastload._ring import SlotLease
 
     batch = next(iter(DataLoader(DictSamples(8), batch_size=4, num_workers=2)))
     base = batch["x"]

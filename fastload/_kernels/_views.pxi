@@ -1,5 +1,5 @@
 # Zero-copy arrays over a ring slot: what the main process makes for every
-# batch it hands out (fastload/ring.py leases the slot, collate.py's layout
+# batch it hands out (fastload/_ring/slots.py leases the slot, collate.py's layout
 # says where each array sits in it).
 #
 # numpy's own constructors cost more than the arrays: ``np.asarray(lease)``

@@ -3,10 +3,10 @@
 At-fork hooks treat the two differently.  A fork the caller makes (an
 ``os.fork()``, a fork-context ``multiprocessing.Process``, from any thread)
 shares the batches the caller holds (NOTE [ Batches a forked child holds ] in
-ring.py) and must start with the caller's signal handlers (NOTE [ Ctrl-C held
-over fork and teardown ] in interrupts.py).  A loader's own worker forks leave
-that loader's slots in circulation, and a new worker keeps Ctrl-C recorded
-until it ignores it.
+_ring/fork_marks.py) and must start with the caller's signal handlers (NOTE
+[ Ctrl-C held over fork and teardown ] in interrupts.py).  A loader's own
+worker forks leave that loader's slots in circulation, and a new worker keeps
+Ctrl-C recorded until it ignores it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ NOTE [ What happens at fork, at exit and on a signal ]
   the parent: decoded-image caches reread their index, so children start from
   the entries on disk; then the ring marks every slot the caller holds as held
   by the child (a forked child shares those pages: NOTE [ Batches a forked
-  child holds ] in ``_ring``), under a lock the parent releases right after.
+  child holds ] in ``_ring/fork_marks.py``), under a lock the parent releases
+  right after.
   In the child, in this order: note whether it is a loader's worker
   (``forks.py``; the other hooks ask); give a child the caller made the
   caller's signal handlers back (``interrupts.py``); a new lock for the slot
@@ -59,7 +60,7 @@ FORK_HOOKS = (
     "fork kind",             # forks.py: is this child a loader's worker?
     "signal handlers",       # interrupts.py: a caller's child gets its handlers back
     "image cache index",     # vision/cache.py: children start from the index on disk
-    "slots held at fork",    # _ring: slots the caller holds stay held in the child
+    "slots held at fork",    # _ring/fork_marks.py: slots the caller holds stay held in the child
     "parent's workers",      # _loading: a child does not own (or stop) them
     "inherited iterators",   # _loading: a child does not read the parent's batches
 )

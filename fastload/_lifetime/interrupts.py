@@ -58,7 +58,7 @@ def signals_held() -> Iterator[list]:
     handler that was in place gets it once the block is left.  A forked
     worker keeps the recording handler until it ignores SIGINT, so a
     Ctrl-C cannot raise in its start-up either.  (Leases need no such block:
-    see NOTE [ Leases ] in ring.py.)  Since then none is lost or printed in
+    see NOTE [ Leases ] in _ring/slots.py.)  Since then none is lost or printed in
     600 (300 with new workers, 300 with persistent ones).  Only the
     main thread runs Python signal handlers, so elsewhere this does nothing;
     nor for SIG_DFL and SIG_IGN, which involve no Python handler.

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from fastload._lifetime.hooks import arm_exit_in_this_process, at_exit
 from fastload._lifetime.interrupts import signals_deferred
-from fastload.ring import unlink_prefixed
+from fastload._ring import unlink_prefixed
 
 __all__ = ["tear_down_when_gone", "finish_cut_short_teardowns"]
 

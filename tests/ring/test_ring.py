@@ -19,14 +19,15 @@ import pytest
 
 import fastload as fl
 from fastload import _core
-from fastload import ring as ringmod
-from fastload.ring import Ring, Segment, SlotLease, SlotWriter, unlink_name
+from fastload._ring import (Ring, Segment, SharedMemoryError, SlotInfo, SlotLease, SlotWriter,
+                            SpareSlots, new_prefix, unlink_name)
+from fastload._ring import fork_marks
+from fastload._ring import segments as segments_module
+from fastload._ring import spares as spares_module
 from datasets_for_workers import GrowingDataset, SquareDataset
 from forking import fork_child, run_and_exit
 from leakcheck import segment_pid, shm_entries
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_DIR = os.path.dirname(TESTS_DIR)
+from paths import REPO_DIR, TESTS_DIR
 
 
 def _exists(name: str) -> bool:
@@ -36,7 +37,7 @@ def _exists(name: str) -> bool:
 @pytest.fixture
 def prefix():
     """A fresh ring prefix; anything left under it is unlinked (and reported) afterwards."""
-    p = ringmod.new_prefix()
+    p = new_prefix()
     yield p
     left = sorted(n for n in shm_entries() if n.startswith(p))
     for name in left:
@@ -91,7 +92,7 @@ def test_segment_whose_mapping_fails_leaves_no_name(prefix, monkeypatch):
     def no_mapping(*args, **kwargs):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(ringmod.mmap, "mmap", no_mapping)
+    monkeypatch.setattr(segments_module.mmap, "mmap", no_mapping)
     with pytest.raises(OSError, match="Cannot allocate memory"):
         Segment(prefix + "unmapped", 4096, create=True)
     assert not _exists(prefix + "unmapped")
@@ -126,8 +127,8 @@ def test_a_ring_that_cannot_fit_asks_for_the_slots_it_lacks(prefix, monkeypatch)
         info = ring.acquire(0)
         allocation = SlotWriter().allocator(info)
         allocation(1 << 20)
-        monkeypatch.setattr(ringmod, "shm_free_bytes", lambda: 2 << 20)
-        with pytest.raises(ringmod.SharedMemoryError) as excinfo:
+        monkeypatch.setattr(segments_module, "shm_free_bytes", lambda: 2 << 20)
+        with pytest.raises(SharedMemoryError) as excinfo:
             ring.adopt(info.slot_id, allocation.created_name)
         message = str(excinfo.value)
         assert "needs 3.0 MiB more shared memory for its ring: 3 more slots of 1.0 MiB " \
@@ -195,7 +196,7 @@ def test_slot_info_names_the_next_generation(prefix):
 def test_pickled_slot_info_round_trips():
     import pickle
 
-    info = ringmod.SlotInfo(3, "fl_x_s3g1", 4096, "fl_x_s3g2")
+    info = SlotInfo(3, "fl_x_s3g1", 4096, "fl_x_s3g2")
     back = pickle.loads(pickle.dumps(info))
     assert back == info and back.slot_id == 3 and back.next_name == "fl_x_s3g2"
 
@@ -293,7 +294,7 @@ def test_close_unlinks_everything_including_unreported_next_generation(prefix):
 def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
-    spares = ringmod.SpareSlots()
+    spares = SpareSlots()
     slots = [_fill(ring, writer, 5000, i) for i in range(3)]
     segments = {s: ring._slots[s].segment for s in slots}
     held = ring.lease(slots[0])
@@ -314,8 +315,8 @@ def test_hand_over_gives_free_slots_now_and_held_ones_when_released(prefix):
 
 def _hooks_of_a_fork() -> None:
     """What the fork hooks of the ring run in the parent around a fork."""
-    ringmod._mark_slots_held_at_fork()
-    ringmod._release_marks_after_fork()
+    fork_marks._mark_slots_held_at_fork()
+    fork_marks._release_marks_after_fork()
 
 
 @pytest.mark.timeout(30)
@@ -325,14 +326,14 @@ def test_a_fork_from_another_thread_marks_a_held_slot_however_the_hand_over_inte
     # its leases to the spares in between, the caller's batch was marked in
     # neither, and its slot went to the next epoch's workers while a child
     # read it (a helper's stress run: 94 children in 5,366).
-    spares = ringmod.SpareSlots()  # first, as a loader's: the hook marks it first
+    spares = SpareSlots()  # first, as a loader's: the hook marks it first
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
     slots = [_fill(ring, writer, 5000, i) for i in range(2)]
     held = ring.lease(slots[0])
     ring.release(slots[1])
     in_hook, handed_over = threading.Event(), threading.Event()
-    mark_spares = ringmod.SpareSlots.mark_held_at_fork
+    mark_spares = SpareSlots.mark_held_at_fork
 
     def pause_after_the_spares(self, *args):
         mark_spares(self, *args)
@@ -340,7 +341,7 @@ def test_a_fork_from_another_thread_marks_a_held_slot_however_the_hand_over_inte
             in_hook.set()
             handed_over.wait(1.0)  # the main thread's chance to hand over
 
-    monkeypatch.setattr(ringmod.SpareSlots, "mark_held_at_fork", pause_after_the_spares)
+    monkeypatch.setattr(SpareSlots, "mark_held_at_fork", pause_after_the_spares)
     forker = threading.Thread(target=_hooks_of_a_fork)
     forker.start()
     assert in_hook.wait(10)
@@ -361,7 +362,7 @@ def test_no_batch_is_made_between_a_forks_marks_and_its_end(prefix):
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
     slot = _fill(ring, writer, 5000, 0)
-    ringmod._mark_slots_held_at_fork()
+    fork_marks._mark_slots_held_at_fork()
     made = []
     try:
         maker = threading.Thread(target=lambda: made.append(ring.lease(slot)))
@@ -369,7 +370,7 @@ def test_no_batch_is_made_between_a_forks_marks_and_its_end(prefix):
         maker.join(0.3)
         assert made == [], "a batch was made while a fork was under way"
     finally:
-        ringmod._release_marks_after_fork()
+        fork_marks._release_marks_after_fork()
     maker.join(10)
     assert len(made) == 1 and slot not in ring._held_at_fork
     made.clear()
@@ -382,20 +383,20 @@ def test_a_slot_held_at_a_fork_is_not_kept_for_the_next_epoch(prefix, monkeypatc
     # instant, also while the ring hands its slots over to the spares.
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
-    spares = ringmod.SpareSlots()
+    spares = SpareSlots()
     slots = [_fill(ring, writer, 5000, i) for i in range(2)]
     held = ring.lease(slots[0])
     ring.release(slots[1])
     if when == "before the hand-over":
         _hooks_of_a_fork()
     else:  # a signal handler of this thread's forks in the middle
-        await_leases = ringmod.SpareSlots.await_leases
+        await_leases = SpareSlots.await_leases
 
         def forked_meanwhile(self, *args):
             _hooks_of_a_fork()
             await_leases(self, *args)
 
-        monkeypatch.setattr(ringmod.SpareSlots, "await_leases", forked_meanwhile)
+        monkeypatch.setattr(SpareSlots, "await_leases", forked_meanwhile)
     ring.hand_over(spares)
     ring.close()
     assert len(spares.take()) == 1  # the free slot is kept
@@ -428,8 +429,8 @@ def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
     segments = [Segment(f"{prefix}{i}", 4 * 4096, create=True) for i in range(5)]
     for segment in segments:
         segment.unlink()
-    spares = ringmod.SpareSlots()
-    monkeypatch.setattr(ringmod, "SPARE_BYTES", 3 * 4 * 4096)
+    spares = SpareSlots()
+    monkeypatch.setattr(spares_module, "SPARE_BYTES", 3 * 4 * 4096)
     spares.put(segments[:1])
     dead: collections.deque = collections.deque()
     leases = {i: SlotLease(segments[i], i) for i in (4, 3, 2, 1)}  # the latest batch first
@@ -447,14 +448,14 @@ def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
 def test_free_slots_handed_over_keep_at_most_spare_bytes(prefix, monkeypatch):
     # The free slots of an epoch count against SPARE_BYTES as the held ones do:
     # more than fits is freed at the hand-over, not mapped until the next epoch.
-    monkeypatch.setattr(ringmod, "SPARE_BYTES", 2 * 8192)
+    monkeypatch.setattr(spares_module, "SPARE_BYTES", 2 * 8192)
     ring = Ring(in_flight=4, prefix=prefix)
     writer = SlotWriter()
     slots = [_fill(ring, writer, 5000, i) for i in range(4)]  # 8 KiB segments
     mappings = [weakref.ref(ring._slots[s].segment.array.base) for s in slots]
     for s in slots:
         ring.release(s)
-    spares = ringmod.SpareSlots()
+    spares = SpareSlots()
     ring.hand_over(spares)
     ring.close()
     gc.collect()
@@ -466,13 +467,13 @@ def test_free_slots_handed_over_keep_at_most_spare_bytes(prefix, monkeypatch):
 def test_a_batch_released_while_its_ring_hands_over_is_freed_without_error(prefix, monkeypatch):
     # A lease the spares do not keep can die during hand_over (another thread,
     # a collection): its weak reference lands in the spares' queue all the same.
-    monkeypatch.setattr(ringmod, "SPARE_BYTES", 8192)
+    monkeypatch.setattr(spares_module, "SPARE_BYTES", 8192)
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
     slots = [_fill(ring, writer, 5000, i) for i in range(2)]
     held = [ring.lease(slots[0]), ring.lease(slots[1])]  # the latest (slots[1]) is kept
 
-    class ReleasingMeanwhile(ringmod.SpareSlots):
+    class ReleasingMeanwhile(SpareSlots):
         def await_leases(self, dead, leases):
             super().await_leases(dead, leases)
             held.pop(0)  # slots[0]'s batch dies before hand_over has returned
@@ -514,7 +515,7 @@ def test_reference_cycles_holding_batches_are_collected_between_epochs(no_leaks)
 
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
-    spares = ringmod.SpareSlots()
+    spares = SpareSlots()
     slots = [_fill(ring, writer, 5000, i) for i in range(2)]
     held = ring.lease(slots[0])  # a batch the caller keeps past its epoch
     ring.release(slots[1])
@@ -537,7 +538,7 @@ def _next_epochs_ring(prefix: str, in_flight: int, nbytes: int) -> Ring:
     slots = [_fill(old, writer, nbytes, i) for i in range(in_flight)]
     for slot in slots:
         old.release(slot)
-    spares = ringmod.SpareSlots()
+    spares = SpareSlots()
     old.hand_over(spares)
     old.close()
     return Ring(in_flight=in_flight, prefix=prefix + "n", spares=spares.take())
@@ -954,7 +955,7 @@ import os, sys
 sys.path[:0] = [{tests!r}, {repo!r}]
 import numpy as np
 import fastload as fl
-from fastload.ring import SharedMemoryError
+from fastload._ring import SharedMemoryError
 from datasets_for_workers import SquareDataset
 
 print("SHM", os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize, flush=True)
