@@ -193,7 +193,7 @@ class DataLoader(Generic[_T_co]):
         self._warned_unknown_order = False
         self._reaps_workers_when_gone = False  # see _reap_workers_when_gone
         # Ring slots one epoch of new workers leaves for the next (fork only):
-        # NOTE [ Slots that outlive an epoch ] in ring.py.
+        # NOTE [ Slots that outlive an epoch ] in _ring/spares.py.
         self._spare_slots = SpareSlots()
         self.check_worker_number_rationality()
 

@@ -1,6 +1,6 @@
 # Moving bytes: the collate-into-buffer copies and the ArrayDataset row gather.
 #
-# The Python side (fastload/collate.py) decides *where* every leaf of a batch
+# The Python side (fastload/collate/) decides *where* every leaf of a batch
 # goes (the BatchLayout); these loops walk the samples and put the bytes
 # there.  Each kernel validates per sample what it must (type, dtype, shape)
 # and, instead of raising, returns the index of the first sample it could not
@@ -20,7 +20,7 @@ from libc.string cimport memcpy
 
 import numpy as np
 
-# Reason codes returned by the collate kernels (mirrored in collate.py); a
+# Reason codes returned by the collate kernels (read by collate/leaves.py); a
 # cpdef enum, so the C checks and Python read the same values.
 cpdef enum:
     COPY_OK = 0
@@ -29,7 +29,7 @@ cpdef enum:
     COPY_BAD_SHAPE = 3     # an array leaf of another shape (torch raises)
     COPY_OVERFLOW = 4      # a Python int that does not fit int64 (float64 for a float leaf)
 
-# Scalar leaf kinds (mirrored in collate.py).
+# Scalar leaf kinds (read by collate/layout.py).
 SCALAR_INT = 1      # Python int  -> int64
 SCALAR_FLOAT = 2    # Python float -> float64
 SCALAR_BOOL = 3     # Python bool -> bool

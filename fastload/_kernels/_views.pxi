@@ -1,6 +1,6 @@
 # Zero-copy arrays over a ring slot: what the main process makes for every
-# batch it hands out (fastload/_ring/slots.py leases the slot, collate.py's layout
-# says where each array sits in it).
+# batch it hands out (fastload/_ring/slots.py leases the slot, the layout
+# in fastload/collate/layout.py says where each array sits in it).
 #
 # numpy's own constructors cost more than the arrays: ``np.asarray(lease)``
 # discovers what kind of array-like the lease is, and ``np.ndarray(shape,

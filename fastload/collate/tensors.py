@@ -77,7 +77,7 @@ def _numpy_dtype_of(torch_dtype: Any) -> np.dtype:
 # array is also kept for as long as the storage object lives: torch keeps a
 # storage's Python object as long as any tensor uses the storage, and a weak
 # reference to it dies with the last.  Its callback is the dict's own
-# ``pop``: no Python code runs then (see NOTE [ Leases ] in ring.py), and the
+# ``pop``: no Python code runs then (see NOTE [ Leases ] in _ring/slots.py), and the
 # slot comes back at once.
 _arrays_of_storages: dict = {}
 

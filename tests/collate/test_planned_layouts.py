@@ -1,4 +1,4 @@
-"""Layouts planned once per loader (NOTE [ Layouts planned once ] in fastload/_plan_key.pxi).
+"""Layouts planned once per loader (NOTE [ Layouts planned once ] in fastload/_kernels/_plan_key.pxi).
 
 A loader keeps the layout it planned for a batch and reuses it for every
 later batch whose first sample has the same ``layout_key``.  These tests
