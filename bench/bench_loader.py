@@ -290,7 +290,7 @@ def pipeline_epoch(workload: Workload) -> Callable[..., int]:
     The last, partial batch is left out.
     """
     from fastload.collate import default_collate
-    from fastload.fetch import BatchSource
+    from fastload._loading.fetch import BatchSource
 
     dataset = workload.pipeline()
     bs = workload.batch_size

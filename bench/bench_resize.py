@@ -34,7 +34,7 @@ from fastload.vision import ImageFolder
 from fastload.vision.resample import resize_to_chw
 from fastload.rng import seed_transform_rng, transform_rng
 from fastload.vision.transforms import RandomResizedCrop
-from fastload.worker import _tune_malloc
+from fastload._loading.worker_loop import _tune_malloc
 from results import write_section
 
 SIZE = 224

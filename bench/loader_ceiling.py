@@ -66,7 +66,7 @@ import numpy as np
 
 from bench_loader import Workload, batch_length, build_workload, make_loader, pipeline_epoch
 from fastload.collate import default_collate
-from fastload.fetch import BatchSource
+from fastload._loading.fetch import BatchSource
 from results import write_section
 
 if platform.system() != "Linux" or platform.machine() != "x86_64":  # pragma: no cover

@@ -40,13 +40,13 @@ from fastload.dataset_state import DATASET_STATE, MainSnapshot, WorkerSnapshots,
     check_dataset_section, dataset_section, is_stateful, needs_fresh_workers, require_stateful, \
     restore_copy
 from fastload.elastic import distributed_split, rebase_to_split, record_split, remainder_stream
-from fastload.fetch import BatchSource
+from fastload._loading.fetch import BatchSource
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
 from fastload._loading.teardown import tear_down_when_gone
-from fastload.layout_wire import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
-from fastload.pinning import pin_batch, pin_device
-from fastload.pool import WorkerDied, WorkerPool, join_exiting_workers, running, show_workers, \
+from fastload._loading.wire.layouts import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
+from fastload._loading.pinning import pin_batch, pin_device
+from fastload._loading.pool import WorkerDied, WorkerPool, join_exiting_workers, running, show_workers, \
     shown_workers
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
     seed_streams, warn_if_order_unknown
@@ -54,7 +54,7 @@ from fastload.ring import Ring, SpareSlots, near_open_file_limit, too_many_open_
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload._lifetime.weak_registry import WeakRegistry
-from fastload.worker_payload import pickle_for_workers
+from fastload._loading.wire.payload import pickle_for_workers
 
 __all__ = ["DataLoader"]
 

@@ -86,7 +86,8 @@ def test_a_ctrl_c_inside_next_leaves_its_batch_for_the_resume(monkeypatch, kwarg
     # A Ctrl-C can land inside next() after the batch was taken from its
     # worker but before the caller has it: sending the next task, or handing
     # the batch over.  It was counted as handed out, and a resume skipped it.
-    from fastload import dataloader, pool
+    from fastload import dataloader
+    from fastload._loading import pool
 
     def make():
         return DataLoader(fl.ArrayDataset(np.arange(40)), batch_size=4, shuffle=True,

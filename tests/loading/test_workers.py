@@ -619,7 +619,7 @@ def test_tasks_are_sized_for_the_smallest_pipe_when_it_cannot_be_enlarged(monkey
     # the task budget comes from the pipes' real size, the smallest of them,
     # so a task that would not fit (2,000 indices, 16 KB) goes through shared
     # memory instead of a write that could wait on a busy worker.
-    from fastload import pool
+    from fastload._loading import pool
 
     real_fcntl = pool.fcntl
 
@@ -651,7 +651,7 @@ def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
     data = np.load(str(path), mmap_mode="r")
     dataset = fl.ArrayDataset(data, np.arange(400))
     # 307 KB of rows: what a spawn worker receives must be the path, not the bytes.
-    from fastload.worker_payload import pickle_for_workers
+    from fastload._loading.wire.payload import pickle_for_workers
     assert len(pickle_for_workers([("dataset", dataset)], "spawn").data) < 16_000
     loader = DataLoader(dataset, batch_size=50, shuffle=True, generator=4, num_workers=2,
                         multiprocessing_context="spawn")
@@ -686,7 +686,7 @@ def test_forking_workers_leaves_the_callers_gc_freeze_state_alone():
 def test_idle_persistent_workers_outlive_the_liveness_interval(method):
     # Workers check that the main process lives while they wait for tasks;
     # a forkserver worker's parent is the fork server, which must not count.
-    from fastload.worker import LIVENESS_INTERVAL
+    from fastload._loading.worker_loop import LIVENESS_INTERVAL
 
     loader = DataLoader(ArrayDataset(np.arange(40)), batch_size=8, num_workers=2,
                         persistent_workers=True, multiprocessing_context=method)
@@ -698,7 +698,7 @@ def test_idle_persistent_workers_outlive_the_liveness_interval(method):
 
 
 def test_parent_watch_sees_its_process_exit():
-    from fastload.worker import ParentWatch
+    from fastload._loading.worker_loop import ParentWatch
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)

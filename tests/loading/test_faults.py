@@ -36,9 +36,7 @@ from fastload._lifetime import pipe_ends
 from forking import fork_child
 from fastload.ring import unlink_name
 from leakcheck import is_alive, shm_entries
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_DIR = os.path.dirname(TESTS_DIR)
+from paths import REPO_DIR, TESTS_DIR
 
 
 class CustomError(Exception):
@@ -659,8 +657,8 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
     # A SIGALRM timeout or a SIGCHLD handler that raises can interrupt the pool
     # anywhere: right after a worker was forked, or while workers are told to
     # stop.  None may be left running (no_leaks checks).
-    from fastload import pool
-    from fastload.worker import STOP_MESSAGE
+    from fastload._loading import pool
+    from fastload._loading.worker_loop import STOP_MESSAGE
 
     if where == "start":
         real_release = pool.WorkerPool._release_held
@@ -729,7 +727,7 @@ def test_a_callers_raising_handler_waits_for_the_teardown_to_end(monkeypatch, no
     # workers are stopped, once while the ring is unlinked.  Cut short there,
     # a worker that survived made a slot's segment after the names were
     # unlinked.  The signals are handled once the teardown is over.
-    from fastload import pool
+    from fastload._loading import pool
     from fastload.ring import Ring
 
     class Raised(Exception):
@@ -943,7 +941,7 @@ def test_reaping_run_again_in_its_own_middle_loses_no_worker(monkeypatch):
     # call keeps, and what is added meanwhile, must still be listed after the
     # outer call: those workers are reaped by nobody else (CI once found a
     # finished epoch's two workers unreaped after their loader was gone).
-    from fastload import pool
+    from fastload._loading import pool
 
     class Worker:
         exited = False
@@ -970,7 +968,7 @@ def test_reaping_run_again_in_its_own_middle_loses_no_worker(monkeypatch):
 @pytest.mark.timeout(60)
 def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatch, no_leaks):
     from datasets_for_workers import linger_at_exit
-    from fastload import pool
+    from fastload._loading import pool
 
     monkeypatch.setattr(pool, "_JOIN_GRACE", 0.5)
     loader = fl.DataLoader(SquareDataset(16, (2,)), batch_size=4, num_workers=2,
@@ -991,7 +989,7 @@ def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatc
 
 
 def test_reaping_leaves_alone_the_workers_a_forked_child_inherited(monkeypatch):
-    from fastload import pool
+    from fastload._loading import pool
 
     class ParentsWorker:
         def is_alive(self):

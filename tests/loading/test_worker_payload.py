@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload.worker_payload import PickledPayload, TruncatedFileError, pickle_for_workers
+from fastload._loading.wire.payload import PickledPayload, TruncatedFileError, pickle_for_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -199,7 +199,7 @@ def _fail_if_payload_bytes_remain(worker_id):
     """worker_init_fn: runs once the payload is unpickled."""
     import gc
 
-    from fastload.worker_payload import PickledPayload
+    from fastload._loading.wire.payload import PickledPayload
 
     held = [len(obj.data) for obj in gc.get_objects()
             if isinstance(obj, PickledPayload) and len(obj.data) > 1_000_000]

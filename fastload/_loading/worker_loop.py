@@ -53,12 +53,12 @@ import numpy as np
 from fastload import _core
 from fastload._lifetime import pipe_ends
 from fastload.dataset_state import DATASET_STATE, is_stateful, restore_copy, snapshot
-from fastload.fetch import BatchSource
-from fastload.frames import FrameReader, send_frame
+from fastload._loading.fetch import BatchSource
+from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import restore_callers_handlers
-from fastload.layout_wire import RESEND_LAYOUTS, LayoutSender
+from fastload._loading.wire.layouts import RESEND_LAYOUTS, LayoutSender
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
-from fastload.worker_payload import PickledPayload
+from fastload._loading.wire.payload import PickledPayload
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",
            "LIVENESS_INTERVAL", "STOP_MESSAGE"]

@@ -52,12 +52,12 @@ import numpy as np
 
 from fastload._lifetime import pipe_ends
 from fastload._lifetime.hooks import at_fork
-from fastload.frames import FrameReader, send_frame
+from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import signals_deferred, signals_held
-from fastload.layout_wire import dumps_task
+from fastload._loading.wire.layouts import dumps_task
 from fastload.ring import Segment, unlink_name
 from fastload._lifetime.weak_registry import WeakRegistry
-from fastload.worker import STOP_MESSAGE, worker_loop
+from fastload._loading.worker_loop import STOP_MESSAGE, worker_loop
 
 try:
     from fcntl import fcntl

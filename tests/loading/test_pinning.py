@@ -14,7 +14,7 @@ import pytest
 from batch_compare import assert_same_as_torch, torch_twin
 
 import fastload as fl
-import fastload.pinning
+import fastload._loading.pinning
 
 Pair = collections.namedtuple("Pair", "left right")
 
@@ -210,7 +210,7 @@ def test_a_failed_pin_raises_torchs_type(torch, accelerator, monkeypatch, num_wo
 
 def test_without_torch_the_warning_is_torchs(torch, monkeypatch):
     # No torch, no accelerator: the same warning as torch gives on a machine without one.
-    monkeypatch.setattr(fastload.pinning, "_torch_or_none", lambda: None)
+    monkeypatch.setattr(fastload._loading.pinning, "_torch_or_none", lambda: None)
     with pytest.warns(UserWarning) as ours:
         iterator = iter(fl.DataLoader(Nested(), pin_memory=True))
     assert [str(w.message) for w in ours] == [
