@@ -485,7 +485,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
     try:
         if isinstance(payload, PickledPayload):
             payload = _unpickle_payload(payload, worker_id)
-        dataset, source_args, worker_init_fn = payload
+        dataset, batch_settings, worker_init_fn = payload
         seed = base_seed + worker_id
         _tune_malloc()
         _seed_everything(seed)
@@ -494,7 +494,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         _be_a_torch_worker(_worker_info)
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
-        source = BatchSource(dataset, *source_args)
+        source = BatchSource(dataset, batch_settings)
         stateful = is_stateful(dataset)  # then each answer carries its snapshot
     except Exception:
         # The main process re-raises it and stops the pool.
