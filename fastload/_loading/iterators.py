@@ -121,10 +121,10 @@ class _BaseIter:
         elif lazy and takes_kernel_batches(self._index_sampler, self._source.auto_collation):
             # BatchSampler.__iter__ is a generator, as torch's: nothing of it
             # runs before the first batch.
-            self._kernel_batches = False
+            self._kernel_batch = False
             self._indices = self._indices_from_first_batch()
         else:
-            self._indices, self._kernel_batches = index_stream(self._index_sampler,
+            self._indices, self._kernel_batch = index_stream(self._index_sampler,
                                                                 self._source.auto_collation)
         # Batches already handed out are skipped as indices only: nothing is
         # fetched.  Those handed out of order (in_order=False) beyond the first
@@ -140,13 +140,13 @@ class _BaseIter:
         """The index stream of an epoch resumed past ``start`` samples of its
         DistributedSampler order, on any world size (fastload/elastic.py)."""
         self.progress.order_start = start
-        self._kernel_batches = takes_kernel_batches(self._index_sampler,
+        self._kernel_batch = takes_kernel_batches(self._index_sampler,
                                                      self._source.auto_collation)
-        self._indices = remainder_stream(self._split, start, self._kernel_batches)
+        self._indices = remainder_stream(self._split, start, self._kernel_batch)
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
         self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)
-        stream, self._kernel_batches = index_stream(self._index_sampler,
+        stream, self._kernel_batch = index_stream(self._index_sampler,
                                                      self._source.auto_collation)
         yield from stream
 
@@ -229,7 +229,7 @@ class _SingleProcessIter(_BaseIter):
         batch_no = self._next_batch_no
         self._next_batch_no += 1
         try:
-            batch = self._source.make(batch_no, indices, self._kernel_batches)
+            batch = self._source.make(batch_no, indices, self._kernel_batch)
         except StopIteration:
             # The end of an IterableDataset ends the epoch.  Raised by a map-style
             # dataset, it ends only the caller's loop: the epoch goes on, as in torch.

@@ -57,7 +57,8 @@ from fastload._lifetime.interrupts import signals_deferred, signals_held
 from fastload._loading.wire.layouts import dumps_task
 from fastload.ring import Segment, unlink_name
 from fastload._lifetime.weak_registry import WeakRegistry
-from fastload._loading.worker_loop import STOP_MESSAGE, worker_loop
+from fastload._loading.wire.messages import STOP_BYTES, indirect_task
+from fastload._loading.worker_loop import worker_loop
 
 try:
     from fcntl import fcntl
@@ -330,7 +331,7 @@ class WorkerPool:
         segment = Segment(name, len(data), create=True)
         segment.array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._message_names.append(name)
-        return pickle.dumps(("indirect", name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(indirect_task(name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
 
     def send(self, worker_id: int, message: Any, may_hold_tensors: bool = False) -> None:
         self._send_bytes(worker_id, self._pack(message, may_hold_tensors))
@@ -482,7 +483,7 @@ class WorkerPool:
                 for conn, process in zip(self._task_conns, processes):
                     if running(process):
                         try:
-                            _send_frame(conn.fileno(), STOP_MESSAGE)
+                            _send_frame(conn.fileno(), STOP_BYTES)
                         except OSError:
                             pass  # it is exiting already
                 if wait:

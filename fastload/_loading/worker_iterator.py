@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fastload.dataset_state import DATASET_STATE, WorkerSnapshots, is_stateful
+from fastload.dataset_state import WorkerSnapshots, is_stateful
 from fastload.ring import Ring, near_open_file_limit, too_many_open_files
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
@@ -28,7 +28,10 @@ from fastload._loading.iterators import _BaseIter
 from fastload._loading.pool import WorkerDied, WorkerPool, running, show_workers, shown_workers
 from fastload._loading.settings import LoaderSettings
 from fastload._loading.teardown import tear_down_when_gone
-from fastload._loading.wire.layouts import RESEND_LAYOUTS, LayoutLost, LayoutReceiver
+from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
+from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
+    SLOT_ID, SNAPSHOT, START_FAILED, STREAM_ENDED, batch_task, dataset_state_task, epoch_task, \
+    retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
 __all__ = ["_MultiProcessIter"]
@@ -133,7 +136,7 @@ class _MultiProcessIter(_BaseIter):
     # -- epochs --------------------------------------------------------------
 
     def _start_dispatch(self, base_seed: int) -> None:
-        self._pool.broadcast(("epoch", base_seed))
+        self._pool.broadcast(epoch_task(base_seed))
         self._tasks.clear()
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
@@ -172,7 +175,7 @@ class _MultiProcessIter(_BaseIter):
             return
         for worker, snap in enumerate(section["workers"]):
             if snap is not None:
-                self._pool.send(worker, (DATASET_STATE, snap),
+                self._pool.send(worker, dataset_state_task(snap),
                                 may_hold_tensors="torch" in sys.modules)
                 if snap["ended"] and self._iterable:
                     self._active[worker] = False
@@ -194,12 +197,12 @@ class _MultiProcessIter(_BaseIter):
     def _drain(self) -> None:
         """Collect the answers of an abandoned epoch, so its slots come back."""
         for _, reply in self._replies.values():
-            self._ring.release(reply[2])
+            self._ring.release(reply[SLOT_ID])
         self._replies.clear()
         while self._tasks:
             _, reply = self._receive()
-            self._tasks.pop(reply[1], None)
-            self._ring.release(reply[2])
+            self._tasks.pop(reply[BATCH_NO], None)
+            self._ring.release(reply[SLOT_ID])
         if self._snapshots is not None:
             self._snapshots.absorb_unhanded()
 
@@ -243,7 +246,7 @@ class _MultiProcessIter(_BaseIter):
             self._indices_exhausted = True
             return
         for slot_id, name in self._ring.take_retired():
-            self._pool.broadcast(("retire", slot_id, name))
+            self._pool.broadcast(retire_task(slot_id, name))
         slot = self._ring.acquire(worker)
         batch_no = self._next_batch_no
         self._next_batch_no += 1
@@ -253,10 +256,10 @@ class _MultiProcessIter(_BaseIter):
         # and an ndarray: this is on the per-batch path of both processes.
         # Only our kernel's batches travel as bytes (and become lists of keys);
         # any other sampler's batch reaches the dataset as it was yielded.
-        if self._kernel_batches:
-            self._pool.send(worker, ("batch", batch_no, tuple(slot), True, indices.tobytes()))
+        if self._kernel_batch:
+            self._pool.send(worker, batch_task(batch_no, tuple(slot), True, indices.tobytes()))
         else:
-            self._pool.send(worker, ("batch", batch_no, tuple(slot), False, indices),
+            self._pool.send(worker, batch_task(batch_no, tuple(slot), False, indices),
                             may_hold_tensors=_may_hold_tensors(indices))
 
     def _receive(self, awaited: int | None = None) -> tuple[int, tuple]:
@@ -270,10 +273,10 @@ class _MultiProcessIter(_BaseIter):
             self._pool.exit_grace = 0.0
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
-        if len(reply) > 5:  # the snapshot of a dataset with state_dict (dataset_state)
+        if len(reply) > SNAPSHOT:  # the snapshot of a dataset with state_dict (dataset_state)
             if self._snapshots is not None:
-                self._snapshots.arrive(worker, reply[1], reply[5])
-            reply = reply[:5]
+                self._snapshots.arrive(worker, reply[BATCH_NO], reply[SNAPSHOT])
+            reply = reply[:SNAPSHOT]
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
             try:
@@ -281,7 +284,7 @@ class _MultiProcessIter(_BaseIter):
             except Exception:
                 self.shutdown()
                 raise
-        if kind == "batch":
+        if kind == BATCH_MADE:
             try:
                 # Decoded on arrival: a worker's layout numbers follow its sending order.
                 payload = self._layouts[worker].decode(payload)
@@ -300,11 +303,11 @@ class _MultiProcessIter(_BaseIter):
                 # its slot and task are accounted for like any other answer.
                 exc.add_note(f"raised in the main process while unpickling batch {batch_no} "
                              f"from worker {worker}")
-                kind, payload = "error", ArrivalError(exc)
+                kind, payload = BATCH_FAILED, ArrivalError(exc)
                 if isinstance(exc, LayoutLost):
                     self._pool.send(worker, RESEND_LAYOUTS)
             reply = (kind, batch_no, slot_id, created, payload)
-        if kind == "init_error":
+        if kind == START_FAILED:
             self.shutdown()
             payload.reraise()
         if batch_no in self._tasks:
@@ -342,7 +345,7 @@ class _MultiProcessIter(_BaseIter):
             ready = self._take_ready()
             if ready is not None:
                 worker, (kind, batch_no, slot_id, _, payload) = ready
-                if kind == "batch":
+                if kind == BATCH_MADE:
                     layout, values = payload
                     if self._source.as_torch:
                         layout.as_torch()
@@ -352,7 +355,7 @@ class _MultiProcessIter(_BaseIter):
                         self._snapshots.hand(worker, batch_no)
                     return self._deliver(batch_no, batch)
                 self._ring.release(slot_id)
-                if kind == "end":  # this worker's IterableDataset replica is exhausted
+                if kind == STREAM_ENDED:  # this worker's IterableDataset replica is exhausted
                     self._active[worker] = False
                     if self._snapshots is not None:
                         self._snapshots.end(worker, batch_no)
@@ -373,8 +376,8 @@ class _MultiProcessIter(_BaseIter):
             # worth waking up for.
             awaited = self._tasks.get(self._next_to_yield) if self._in_order else None
             worker, reply = self._receive(awaited[0] if awaited is not None else None)
-            del self._tasks[reply[1]]
-            self._replies[reply[1]] = (worker, reply)
+            del self._tasks[reply[BATCH_NO]]
+            self._replies[reply[BATCH_NO]] = (worker, reply)
 
     def _take_ready(self) -> tuple | None:
         if self._in_order:

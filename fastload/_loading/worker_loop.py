@@ -1,34 +1,10 @@
-"""The worker process: its loop, ``WorkerInfo``, seeding, and error wrapping.
+"""The worker process: read tasks, make batches into ring slots, answer.
 
-A worker receives small messages on its task pipe and answers on its result
-pipe; array bytes never travel through either (they go into ring slots):
-
-* ``("epoch", base_seed)``: a new epoch starts (new transform seeds, an
-  IterableDataset starts over);
-* ``("batch", batch_no, slot, packed, indices)``: make batch ``batch_no`` in
-  the slot (``packed``: the indices are the bytes of our BatchSampler's int64
-  array, else any other sampler's batch as it was yielded); the answer
-  is ``("batch" | "end" | "error", batch_no, slot_id,
-  created_segment_name, encoded_layout_or_error)`` (a layout travels once
-  per worker, then by number: see ``layout_wire``), or ``"init_error"``
-  when the worker could not start (``worker_init_fn``, unpickling);
-* ``("retire", slot_id, name)``: the main process unlinked that slot; unmap it;
-* ``("resend_layouts",)``: the main process lost a layout; number them afresh
-  (``layout_wire.RESEND_LAYOUTS``);
-* ``("dataset_state", snapshot)``: resuming, before the epoch's first batch:
-  load it into this worker's copy of the dataset; a dataset that defines
-  ``state_dict`` has a snapshot appended to each answer (``dataset_state``);
-* ``("indirect", name, size)``: the real message waits in shared memory;
-* ``None``: exit, without making the batches still queued (torch's workers
-  skip them too, once told to stop), so stopping never waits for more than
-  the batch in hand.
-
-Both pipes carry ``frames`` (a length, then a pickle).
-
-A worker also exits by itself when the main process dies (it watches for
-that, see ``ParentWatch``), and then unlinks every segment of its ring, so a
-killed main process leaves neither an orphan nor a segment behind; so does a
-worker terminated with the main process (see ``_unlink_ring_when_terminated``).
+What travels on the two pipes is listed in ``wire/messages.py``.  A worker
+also exits by itself when the main process dies (it watches for that, see
+``ParentWatch``), and then unlinks every segment of its ring, so a killed
+main process leaves neither an orphan nor a segment behind; so does a worker
+terminated with the main process (see ``_unlink_ring_when_terminated``).
 """
 
 from __future__ import annotations
@@ -52,16 +28,19 @@ import numpy as np
 
 from fastload import _core
 from fastload._lifetime import pipe_ends
-from fastload.dataset_state import DATASET_STATE, is_stateful, restore_copy, snapshot
+from fastload.dataset_state import is_stateful, restore_copy, snapshot
 from fastload._loading.fetch import BatchSource
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import restore_callers_handlers
-from fastload._loading.wire.layouts import RESEND_LAYOUTS, LayoutSender
+from fastload._loading.wire.layouts import LayoutSender
+from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, DATASET_STATE, EPOCH, \
+    INDIRECT, KIND, RESEND_LAYOUTS, RETIRE, STOP, STOP_BYTES, STREAM_ENDED, start_failed_reply, \
+    with_snapshot
 from fastload.ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
 from fastload._loading.wire.payload import PickledPayload
 
 __all__ = ["WorkerInfo", "get_worker_info", "ExceptionWrapper", "worker_loop", "ParentWatch",
-           "LIVENESS_INTERVAL", "STOP_MESSAGE"]
+           "LIVENESS_INTERVAL"]
 
 # How often an idle worker checks that the main process is alive, where the
 # kernel cannot tell it (no pidfd).  Seconds.
@@ -302,7 +281,7 @@ class ParentWatch:
 
 def _decode_task(data: bytes) -> Any:
     message = pickle.loads(data)
-    if message is not None and message[0] == "indirect":
+    if message is not STOP and message[KIND] == INDIRECT:
         # A task too large for the pipe: it waits in shared memory (see pool.py).
         _, name, size = message
         segment = Segment(name)
@@ -472,7 +451,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                     tasks.fill()
                 except (EOFError, OSError):
                     return False  # the main process closed our pipes
-                if tasks.holds(STOP_MESSAGE):
+                if tasks.holds(STOP_BYTES):
                     stop_while_sending = True
                     return False
             elif parent.gone():
@@ -498,7 +477,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         stateful = is_stateful(dataset)  # then each answer carries its snapshot
     except Exception:
         # The main process re-raises it and stops the pool.
-        return not _send(result_conn, ("init_error", -1, -1, None, ExceptionWrapper(where)),
+        return not _send(result_conn, start_failed_reply(ExceptionWrapper(where)),
                          wait_writable=wait_writable)
     writer = SlotWriter(inherited_slots)
     layouts = LayoutSender()
@@ -524,7 +503,7 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 except (EOFError, OSError):
                     return True  # the main process closed our pipe: nobody will read the batch
                 read_at = time.monotonic()
-        return tasks.has_leftover and tasks.holds(STOP_MESSAGE)
+        return tasks.has_leftover and tasks.holds(STOP_BYTES)
 
     while True:
         try:
@@ -538,20 +517,20 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
                 if data is None:
                     continue  # part of a long task: the rest is on its way
             message = _decode_task(data)
-            stop = message is None or told_to_stop()
+            stop = message is STOP or told_to_stop()
         except (EOFError, OSError, _MainProcessGone):
             break  # the main process closed our task pipe without a word, or died
         if stop:
             result_conn.close()
             return False
-        kind = message[0]
-        if kind == "epoch":
+        kind = message[KIND]
+        if kind == EPOCH:
             source.start_epoch(message[1])
             continue
-        if kind == "retire":
+        if kind == RETIRE:
             writer.forget(message[1], message[2])
             continue
-        if kind == RESEND_LAYOUTS[0]:
+        if kind == RESEND_LAYOUTS[KIND]:
             layouts = LayoutSender()
             continue
         if kind == DATASET_STATE:
@@ -560,39 +539,40 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
             except Exception:
                 # As a worker that could not start: the main process re-raises it.
                 error = ExceptionWrapper(f"{where} (loading the dataset's state_dict)")
-                if not _send(result_conn, ("init_error", -1, -1, None, error),
+                if not _send(result_conn, start_failed_reply(error),
                              wait_writable=wait_writable):
                     break
             continue
-        _, batch_no, slot, packed, indices = message
+        _, batch_no, slot, kernel_batch, indices = message
         slot_info = SlotInfo(*slot)
-        if packed:  # an int64 index array, sent as its bytes
+        if kernel_batch:  # our BatchSampler kernel's int64 index array, sent as its bytes
             indices = np.frombuffer(indices, dtype=np.int64)
         allocation = writer.allocator(slot_info)
         try:
-            kind, payload = "batch", source.make_into(batch_no, indices, packed, allocation)
+            kind, payload = BATCH_MADE, source.make_into(batch_no, indices, kernel_batch, allocation)
         except StopIteration:
             # The end of this worker's IterableDataset replica.  From a map-style
             # dataset it is an error that the main process re-raises, as torch does
             # (ending the caller's loop there).
-            kind, payload = ("end", None) if source.iterable else ("error", ExceptionWrapper(where))
+            kind, payload = (STREAM_ENDED, None) if source.iterable \
+                else (BATCH_FAILED, ExceptionWrapper(where))
         except Exception:
-            kind, payload = "error", ExceptionWrapper(where)
-        if kind == "batch":
+            kind, payload = BATCH_FAILED, ExceptionWrapper(where)
+        if kind == BATCH_MADE:
             try:
                 payload = layouts.encode(payload)
             except Exception:
                 # e.g. a non-array leaf of the batch that cannot be pickled
-                kind, payload = "error", ExceptionWrapper(
+                kind, payload = BATCH_FAILED, ExceptionWrapper(
                     f"{where} (sending the batch to the main process)")
         # The created segment is reported even for a failed batch, so the main
         # process adopts (and later unlinks) it.
         reply = (kind, batch_no, slot_info.slot_id, allocation.created_name, payload)
         if stateful:
             try:
-                reply += (snapshot(dataset, source.stream_ended),)
+                reply = with_snapshot(reply, snapshot(dataset, source.stream_ended))
             except Exception:
-                reply = ("error",) + reply[1:4] + (ExceptionWrapper(
+                reply = (BATCH_FAILED,) + reply[1:4] + (ExceptionWrapper(
                     f"{where} (taking the dataset's state_dict() after batch {batch_no})"),)
         if not _send(result_conn, reply, where, wait_writable):
             if stop_while_sending:
@@ -625,8 +605,6 @@ class _MainProcessGone(Exception):
     """The main process died: nobody will read this worker's batches."""
 
 
-# The stop message, as the main process sends it.
-STOP_MESSAGE = pickle.dumps(None)
 # Tasks read longer ago than this (seconds) are checked for a stop sent since.
 _STOP_CHECK_AGE = 0.002
 
@@ -647,7 +625,7 @@ def _send(conn: Any, reply: tuple, where: str = "",
         # e.g. an exception (in an error reply) that cannot be pickled
         error = ExceptionWrapper(f"{where} (sending the batch to the main process)")
         try:
-            send_frame(conn.fileno(), pickle.dumps(("error",) + reply[1:4] + (error,),
+            send_frame(conn.fileno(), pickle.dumps((BATCH_FAILED,) + reply[1:4] + (error,),
                                                    protocol=pickle.HIGHEST_PROTOCOL), wait_writable)
             return True
         except Exception:

@@ -658,7 +658,7 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
     # anywhere: right after a worker was forked, or while workers are told to
     # stop.  None may be left running (no_leaks checks).
     from fastload._loading import pool
-    from fastload._loading.worker_loop import STOP_MESSAGE
+    from fastload._loading.wire.messages import STOP_BYTES
 
     if where == "start":
         real_release = pool.WorkerPool._release_held
@@ -673,7 +673,7 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
         real_send = pool.send_frame
 
         def interrupted(fd, data):
-            if data == STOP_MESSAGE:  # before any worker was told to stop
+            if data == STOP_BYTES:  # before any worker was told to stop
                 raise _RaisedByAHandler()
             real_send(fd, data)
 

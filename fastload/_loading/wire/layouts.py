@@ -253,14 +253,7 @@ def _unpickle_values(data: bytes) -> list:
 class LayoutLost(RuntimeError):
     """A batch refers to a layout whose arrival an exception interrupted (one a
     signal handler of the caller's raised, say): the worker must send its
-    layouts again (``RESEND_LAYOUTS``)."""
-
-
-# Told to a worker whose layout was lost: it numbers its layouts afresh and so
-# sends each again with its next use.  Batches it made before reading this
-# still refer to the old numbers; those the main process has stay valid,
-# since a worker's answers arrive in the order it sends them.
-RESEND_LAYOUTS = ("resend_layouts",)
+    layouts again (``messages.RESEND_LAYOUTS``)."""
 
 
 class LayoutReceiver:
