@@ -52,6 +52,7 @@ import numpy as np
 
 from fastload._lifetime import pipe_ends
 from fastload._lifetime.hooks import at_fork
+from fastload._loading.errors import WorkerDied
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import signals_deferred, signals_held
 from fastload._loading.wire.layouts import dumps_task
@@ -173,10 +174,6 @@ def running(process: Any) -> bool:
     except ChildProcessError:
         return False
     return True
-
-
-class WorkerDied(RuntimeError):
-    """A worker process ended without being asked to."""
 
 
 def _died(process: Any) -> WorkerDied:
@@ -634,7 +631,7 @@ def _stop(processes: list) -> None:
     SIGKILL, not torch's SIGTERM: a worker at SIGTERM's default action dies
     just the same, but fastload's workers take SIGTERM over to tell whether
     the main process is being terminated with them (see
-    ``worker._unlink_ring_when_terminated``), which would only slow this down.
+    ``parent_watch.unlink_ring_when_terminated``), which would only slow this down.
     """
     for process in list(processes):
         if running(process):

@@ -686,7 +686,7 @@ def test_forking_workers_leaves_the_callers_gc_freeze_state_alone():
 def test_idle_persistent_workers_outlive_the_liveness_interval(method):
     # Workers check that the main process lives while they wait for tasks;
     # a forkserver worker's parent is the fork server, which must not count.
-    from fastload._loading.worker_loop import LIVENESS_INTERVAL
+    from fastload._loading.parent_watch import LIVENESS_INTERVAL
 
     loader = DataLoader(ArrayDataset(np.arange(40)), batch_size=8, num_workers=2,
                         persistent_workers=True, multiprocessing_context=method)
@@ -698,7 +698,7 @@ def test_idle_persistent_workers_outlive_the_liveness_interval(method):
 
 
 def test_parent_watch_sees_its_process_exit():
-    from fastload._loading.worker_loop import ParentWatch
+    from fastload._loading.parent_watch import ParentWatch
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["pickle_for_workers", "PickledPayload", "TruncatedFileError"]
+__all__ = ["unpickle_payload", "pickle_for_workers", "PickledPayload", "TruncatedFileError"]
 
 
 class PickledPayload:
@@ -257,3 +257,21 @@ def _map_again(filename: str, identity: tuple[int, int], mode: str, file_offset:
     region = np.memmap(filename, dtype=np.uint8, mode=mode, offset=file_offset, shape=(nbytes,))
     array = np.ndarray(shape, dtype=dtype, buffer=region, offset=start, strides=strides)
     return array.view(np.memmap) if was_memmap else array
+
+
+def unpickle_payload(payload: PickledPayload, worker_id: int) -> Any:
+    """The dataset, batch settings and worker_init_fn, unpickled from their bytes.
+
+    A failure here (a class the worker cannot import) is a ``RuntimeError``,
+    the type torch raises: its worker dies unpickling them, and the main
+    process reports the death.
+    """
+    try:
+        return pickle.loads(payload.take())  # the bytes go once unpickled
+    except Exception as error:
+        raise RuntimeError(
+            f"DataLoader worker process {worker_id} could not unpickle the dataset, collate_fn "
+            f"and worker_init_fn the main process sent it ({type(error).__name__}: {error}); "
+            f"under spawn or forkserver each must be importable by the worker: defined at "
+            f"module level of a module it can import, not inside a function or an "
+            f"`if __name__ == '__main__':` block") from error
