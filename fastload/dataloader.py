@@ -63,6 +63,43 @@ class _InfiniteConstantSampler(Sampler):
         return itertools.repeat(None)
 
 
+def _checked_worker_options(num_workers: Any, timeout: float, prefetch_factor: int | None,
+                            persistent_workers: bool, output: str) -> tuple[int, int | None]:
+    """``num_workers`` as an int and ``prefetch_factor`` with its default, once
+    the options about workers and output are checked as torch checks them."""
+    if not isinstance(num_workers, numbers.Integral):  # numpy's integers too, as torch
+        # torch compares it with 0 and only counts workers with it, so a
+        # float zero loads in the main process; any other float fails there.
+        if not (isinstance(num_workers, numbers.Real) and num_workers == 0):
+            raise TypeError(f"num_workers should be an integer, but got "
+                            f"{type(num_workers).__name__} {num_workers!r}")
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; "
+                         "use num_workers=0 to disable multiprocessing.")
+    num_workers = int(num_workers)
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                         "let num_workers > 0 to enable multiprocessing, otherwise set "
+                         "prefetch_factor to None.")
+    elif num_workers > 0 and prefetch_factor is None:
+        prefetch_factor = 2
+    elif prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    if output not in _OUTPUTS:
+        raise ValueError(f"output should be one of {_OUTPUTS}, but got output={output!r}")
+    if output == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("output='torch' needs torch installed; "
+                              "use output='numpy' without it") from exc
+    return num_workers, prefetch_factor
+
+
 class DataLoader(Generic[_T_co]):
     """Combines a dataset and a sampler, and iterates over the dataset in batches.
 
@@ -85,36 +122,8 @@ class DataLoader(Generic[_T_co]):
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  in_order: bool = True, pin_memory_device: str = "",
                  output: str = "numpy") -> None:
-        if not isinstance(num_workers, numbers.Integral):  # numpy's integers too, as torch
-            # torch compares it with 0 and only counts workers with it, so a
-            # float zero loads in the main process; any other float fails there.
-            if not (isinstance(num_workers, numbers.Real) and num_workers == 0):
-                raise TypeError(f"num_workers should be an integer, but got "
-                                f"{type(num_workers).__name__} {num_workers!r}")
-        if num_workers < 0:
-            raise ValueError("num_workers option should be non-negative; "
-                             "use num_workers=0 to disable multiprocessing.")
-        num_workers = int(num_workers)
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                             "let num_workers > 0 to enable multiprocessing, otherwise set "
-                             "prefetch_factor to None.")
-        elif num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        if output not in _OUTPUTS:
-            raise ValueError(f"output should be one of {_OUTPUTS}, but got output={output!r}")
-        if output == "torch":
-            try:
-                import torch  # noqa: F401
-            except ImportError as exc:
-                raise ImportError("output='torch' needs torch installed; "
-                                  "use output='numpy' without it") from exc
+        num_workers, prefetch_factor = _checked_worker_options(
+            num_workers, timeout, prefetch_factor, persistent_workers, output)
 
         self.dataset = dataset
         self.num_workers = num_workers

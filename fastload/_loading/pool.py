@@ -55,7 +55,7 @@ from fastload._lifetime.hooks import at_fork
 from fastload._loading.errors import WorkerDied
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._lifetime.interrupts import signals_deferred, signals_held
-from fastload._loading.wire.layouts import dumps_task
+from fastload._loading.wire.picklers import dumps_task
 from fastload.ring import Segment, unlink_name
 from fastload._lifetime.weak_registry import WeakRegistry
 from fastload._loading.wire.messages import STOP_BYTES, indirect_task
@@ -316,7 +316,7 @@ class WorkerPool:
     def _pack(self, message: Any, may_hold_tensors: bool = False) -> bytes:
         """``message``'s bytes for a task pipe.  ``may_hold_tensors``: tensors
         in it travel as torch's do where plain pickling would not rebuild
-        them (NOTE [ Tasks that may hold tensors ] in layout_wire.py)."""
+        them (NOTE [ Tasks that may hold tensors ] in wire/picklers.py)."""
         if may_hold_tensors:
             data = dumps_task(message)
         else:
@@ -360,7 +360,7 @@ class WorkerPool:
 
         For an answer that failed to arrive whole because its worker was
         gone: a value handed over by descriptor (NOTE [ Pickled as torch's
-        workers pickle ] in layout_wire.py) cannot be fetched from a dead
+        workers pickle ] in wire/layouts.py) cannot be fetched from a dead
         worker, and torch reports that as the worker's death.  The worker's
         descriptors all close together as it exits, so its sentinel follows
         the failed fetch at once.

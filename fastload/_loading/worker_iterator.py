@@ -39,7 +39,7 @@ __all__ = ["_MultiProcessIter"]
 
 def _may_hold_tensors(indices: Any) -> bool:
     """Whether a sampler's batch may hold tensors (NOTE [ Tasks that may hold
-    tensors ] in layout_wire.py): it is not an ndarray, and torch is loaded."""
+    tensors ] in wire/picklers.py): it is not an ndarray, and torch is loaded."""
     return type(indices) is not np.ndarray and "torch" in sys.modules
 
 
@@ -76,7 +76,7 @@ def _disown_inherited_iterators() -> None:
     as a child of torch's loader does.  So the copy is closed: ``next()`` on
     it raises, and a persistent loader's ``iter()`` starts workers of the
     child's own.  Its teardown, when dropped, leaves the parent's workers and
-    segments alone (``_release_workers_and_ring``).
+    segments alone (``teardown.release_workers_and_ring``).
     """
     for iterator in _worker_iterators.live():
         iterator.closed = True

@@ -457,7 +457,7 @@ class SlowFirstBatch(SquareDataset):
 @pytest.mark.timeout(60)
 def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_leaks):
     # The main process watches only the awaited worker's answers (NOTE [
-    # Waking for the awaited answer only ] in pool.py), but every sentinel.
+    # Waking for the awaited answer only ] in _loading/pool.py), but every sentinel.
     loader = fl.DataLoader(SlowFirstBatch(64, delay=3.0), batch_size=4, num_workers=2)
     it = iter(loader)
     pids, prefix = it.worker_pids, it._ring.prefix

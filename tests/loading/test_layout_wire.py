@@ -328,7 +328,7 @@ def test_tensors_torchs_reduction_would_rebuild_wrong_keep_their_own_pickling(to
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_tasks_are_pickled_plainly_unless_a_tensor_would_not_unpickle(torch, tickets):
-    from fastload._loading.wire.layouts import dumps_task
+    from fastload._loading.wire.picklers import dumps_task
     from fastload._loading.wire.messages import batch_task
 
     # Plain, as before: ints, arrays, tensors whose dtype plain pickling

@@ -1,7 +1,7 @@
 """pin_memory=True: torch's checks and warnings, and every batch pinned with torch's function.
 
 No accelerator exists where these tests run, so one is faked (NOTE [ Where
-batches are pinned ] in fastload/pinning.py): ``torch.accelerator`` says one
+batches are pinned ] in fastload/_loading/pinning.py): ``torch.accelerator`` says one
 is there, and ``Tensor.pin_memory`` returns a copy marked as pinned.  torch's
 own DataLoader runs under the same fakes, so each test compares the two.
 """

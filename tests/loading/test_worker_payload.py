@@ -1,6 +1,6 @@
 """What spawn/forkserver workers receive: pickled once, file-mapped arrays by
 reference, per-worker pickling where an object needs it, errors that name the
-object (NOTE [ Pickled once, or per worker ] in fastload/worker_payload.py)."""
+object (NOTE [ Pickled once, or per worker ] in fastload/_loading/wire/payload.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._loading.wire.payload import PickledPayload, TruncatedFileError, pickle_for_workers
+from fastload._loading.wire.payload import PickledPayload, pickle_for_workers
+from fastload._loading.wire.picklers import TruncatedFileError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -289,7 +289,7 @@ def test_batch_k_is_made_by_worker_k_mod_num_workers_however_fast_they_are(num_w
 
 
 def test_in_order_the_main_process_reads_only_the_answer_it_needs_next():
-    # NOTE [ Waking for the awaited answer only ] (pool.py): worker 1's
+    # NOTE [ Waking for the awaited answer only ] (_loading/pool.py): worker 1's
     # answers wait in its pipe while worker 0's batch is awaited, so answers
     # are read exactly in batch order, however far ahead worker 1 is.
     loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=2)
@@ -776,7 +776,7 @@ def test_a_mutable_mapping_sample_is_rebuilt_as_torch_rebuilds_it(torch, num_wor
 
 # Tensors whose plain pickle does not unpickle in torch 2.13 (torch's own
 # workers send them through shared memory: NOTE [ Pickled as torch's workers
-# pickle ] in layout_wire).  complex32 warns that it is experimental.
+# pickle ] in _loading/wire/layouts.py).  complex32 warns that it is experimental.
 UNPICKLABLE_DTYPES = ("uint16", "uint32", "uint64", "float8_e4m3fn", "complex32")
 
 

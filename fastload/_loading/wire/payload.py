@@ -23,16 +23,13 @@ those are sent by value, so a worker always sees what the main process sees.
 from __future__ import annotations
 
 import io
-import mmap
-import os
 import pickle
 from multiprocessing import context as mp_context
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Sequence
 
-import numpy as np
+from fastload._loading.wire.picklers import PayloadPickler, TruncatedFileError
 
-__all__ = ["unpickle_payload", "pickle_for_workers", "PickledPayload", "TruncatedFileError"]
+__all__ = ["unpickle_payload", "pickle_for_workers", "PickledPayload"]
 
 
 class PickledPayload:
@@ -114,7 +111,7 @@ def _dumps(obj: Any, strict: bool) -> bytes:
     previous = mp_context.get_spawning_popen()
     mp_context.set_spawning_popen(_StartingAll(strict))
     try:
-        _PayloadPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
+        PayloadPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
     finally:
         mp_context.set_spawning_popen(previous)
     return buffer.getvalue()
@@ -134,129 +131,6 @@ def _unpicklable(name: str, error: Exception, method: str) -> Exception:
     # A type that does not take one message: the original, with the advice as a note.
     error.add_note(message)
     return error
-
-
-# -- arrays mapped from a file ---------------------------------------------
-
-class _PayloadPickler(ForkingPickler):
-    """``ForkingPickler``, with file-mapped arrays sent as a way to map them again."""
-
-    def __init__(self, file: Any, protocol: int) -> None:
-        super().__init__(file, protocol)
-        self._mappings: list | None = None  # /proc/self/maps, read once if needed
-        self.dispatch_table[np.ndarray] = self._reduce_array
-        self.dispatch_table[np.memmap] = self._reduce_array
-
-    def _reduce_array(self, array: np.ndarray) -> Any:
-        reopen = self._reopening(array)
-        if reopen is not None:
-            return reopen
-        return array.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-
-    def _reopening(self, array: np.ndarray) -> tuple | None:
-        """``(_map_again, args)`` for an array whose bytes the worker can map from
-        their file, else None."""
-        root = array
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if not isinstance(root, np.memmap) or not isinstance(root.base, mmap.mmap) \
-                or root.filename is None or array.size == 0 or array.dtype.hasobject:
-            return None
-        root_start = root.__array_interface__["data"][0]
-        mapped = self._mapped_file(root_start)
-        start = array.__array_interface__["data"][0]
-        low, high = _byte_bounds(start, array)
-        file_offset = int(root.offset) + (low - root_start)
-        if mapped is not None and mapped[2] is not None and mapped[2] < file_offset + (high - low):
-            # Its pages past the file's end are gone: reading them (to send
-            # them, or in a worker) is a SIGBUS, whatever the mode.
-            raise _truncated(root.filename, mapped[2], file_offset + (high - low))
-        if root.mode == "c":
-            return None  # its pages may differ from the file's: send the bytes
-        try:
-            status = os.stat(root.filename)
-        except OSError:
-            return None
-        if mapped is None or mapped[:2] != (status.st_dev, status.st_ino):
-            return None  # not the file mapped any more: send the bytes
-        if status.st_size < file_offset + (high - low):
-            raise _truncated(root.filename, status.st_size, file_offset + (high - low))
-        order = "C" if array.flags.c_contiguous else "F" if array.flags.f_contiguous else None
-        # A writable mapping reopens as "r+": "w+" would truncate the file.
-        mode = "r+" if root.mode == "w+" else root.mode
-        return (_map_again, (root.filename, mapped[:2], mode, file_offset, high - low,
-                             start - low, array.dtype, array.shape, array.strides, order,
-                             isinstance(array, np.memmap)))
-
-    def _mapped_file(self, address: int) -> tuple[int, int, int | None] | None:
-        """``(st_dev, st_ino, st_size)`` of the file mapped at ``address`` (a
-        deleted one too; its size None where /proc does not show the file)."""
-        if self._mappings is None:
-            self._mappings = []
-            with open("/proc/self/maps") as maps:
-                for line in maps:
-                    fields = line.split(maxsplit=5)
-                    if len(fields) < 6 or fields[4] == "0":
-                        continue  # not a file
-                    start, end = (int(x, 16) for x in fields[0].split("-"))
-                    self._mappings.append((start, end, fields[0], fields[3], int(fields[4])))
-        for start, end, address_range, device, inode in self._mappings:
-            if start <= address < end:
-                try:
-                    # The file itself, as stat() on its path would see it
-                    # (overlayfs shows another device and inode in maps).
-                    status = os.stat(f"/proc/self/map_files/{address_range}")
-                    return status.st_dev, status.st_ino, status.st_size
-                except OSError:
-                    major, minor = (int(x, 16) for x in device.split(":"))
-                    return os.makedev(major, minor), inode, None
-        return None
-
-
-def _byte_bounds(start: int, array: np.ndarray) -> tuple[int, int]:
-    """The lowest address ``array`` reads, and one past the highest."""
-    low = high = start
-    for extent, stride in zip(array.shape, array.strides):
-        if stride < 0:
-            low += stride * (extent - 1)
-        else:
-            high += stride * (extent - 1)
-    return low, high + array.itemsize
-
-
-class TruncatedFileError(RuntimeError):
-    """A file that an array of the dataset maps is shorter than the array."""
-
-
-def _truncated(filename: str, size: int, needed: int) -> TruncatedFileError:
-    return TruncatedFileError(
-        f"the file {os.fspath(filename)!r}, mapped by an array of the dataset, is {size} bytes "
-        f"long, but the array reads up to byte {needed}: the file was truncated after the array "
-        f"was mapped; map it again (np.memmap, np.load(..., mmap_mode=...)) once it is complete")
-
-
-def _map_again(filename: str, identity: tuple[int, int], mode: str, file_offset: int,
-               nbytes: int, start: int, dtype: np.dtype, shape: tuple, strides: tuple,
-               order: str | None, was_memmap: bool) -> np.ndarray:
-    """In the worker: the array's bytes mapped from its file, as the main process had them."""
-    try:
-        status = os.stat(filename)
-        replaced = (status.st_dev, status.st_ino) != identity
-    except FileNotFoundError:
-        replaced = True
-    if not replaced and status.st_size < file_offset + nbytes:
-        raise _truncated(filename, status.st_size, file_offset + nbytes)
-    if replaced:
-        raise RuntimeError(
-            f"the file {os.fspath(filename)!r}, mapped by an array of the dataset, was replaced "
-            f"or removed after the DataLoader sent the dataset to its workers; keep the file in "
-            f"place while the loader starts its workers, or use multiprocessing_context='fork'")
-    if was_memmap and order is not None:  # a memmap of its own, as np.memmap makes them
-        return np.memmap(filename, dtype=dtype, mode=mode, offset=file_offset + start,
-                         shape=shape, order=order)
-    region = np.memmap(filename, dtype=np.uint8, mode=mode, offset=file_offset, shape=(nbytes,))
-    array = np.ndarray(shape, dtype=dtype, buffer=region, offset=start, strides=strides)
-    return array.view(np.memmap) if was_memmap else array
 
 
 def unpickle_payload(payload: PickledPayload, worker_id: int) -> Any:
