@@ -44,7 +44,7 @@ from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from fastload._loading.iterators import _BaseIter, _SingleProcessIter
 from fastload._loading.pinning import pin_device
-from fastload._loading.pool import join_exiting_workers
+from fastload._loading.reaping import join_exiting_workers
 from fastload._loading.settings import BatchSettings, LoaderSettings
 from fastload._loading.worker_iterator import _MultiProcessIter
 

@@ -25,7 +25,8 @@ from fastload._lifetime.hooks import at_fork
 from fastload._lifetime.weak_registry import WeakRegistry
 from fastload._loading.errors import ArrivalError, IterArgumentError, WorkerDied
 from fastload._loading.iterators import _BaseIter
-from fastload._loading.pool import WorkerPool, running, show_workers, shown_workers
+from fastload._loading.pool import WorkerPool
+from fastload._loading.reaping import running, show_workers, shown_workers
 from fastload._loading.settings import LoaderSettings
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
