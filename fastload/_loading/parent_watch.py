@@ -28,6 +28,7 @@ LIVENESS_INTERVAL = 0.5
 # reported gone before deciding it is alive (and will clean up itself).
 ORPHAN_GRACE = 2.0
 
+
 class ParentWatch:
     """Tells a worker whether the main process (pid ``parent_pid``) has exited.
 
