@@ -290,11 +290,12 @@ def pipeline_epoch(workload: Workload) -> Callable[..., int]:
     The last, partial batch is left out.
     """
     from fastload.collate import default_collate
-    from fastload.fetch import BatchSource
+    from fastload._loading.fetch import BatchSource
+    from fastload._loading.settings import BatchSettings
 
     dataset = workload.pipeline()
     bs = workload.batch_size
-    source = BatchSource(dataset, False, True, default_collate, bs, False)
+    source = BatchSource(dataset, BatchSettings(False, True, default_collate, bs, False))
     source.start_epoch(0)
     order = np.random.default_rng(0).permutation(len(dataset))
     whole = len(dataset) // bs

@@ -14,7 +14,7 @@ to turn it into a flipped, channel-first uint8 array are timed:
   contiguous copy ``torch.stack`` makes (torch imported only for this row).
 
 All three are checked to give the same pixels before timing.  The process
-first sets the malloc thresholds a loader worker sets (see worker.py), so
+first sets the malloc thresholds a loader worker sets (see fastload/_loading/worker_info.py), so
 every row runs as it would inside a worker.  Median of rotated rounds.
 
     python bench/bench_resize.py --rounds 5
@@ -34,7 +34,7 @@ from fastload.vision import ImageFolder
 from fastload.vision.resample import resize_to_chw
 from fastload.rng import seed_transform_rng, transform_rng
 from fastload.vision.transforms import RandomResizedCrop
-from fastload.worker import _tune_malloc
+from fastload._loading.worker_info import _tune_malloc
 from results import write_section
 
 SIZE = 224

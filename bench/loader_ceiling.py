@@ -66,7 +66,8 @@ import numpy as np
 
 from bench_loader import Workload, batch_length, build_workload, make_loader, pipeline_epoch
 from fastload.collate import default_collate
-from fastload.fetch import BatchSource
+from fastload._loading.fetch import BatchSource
+from fastload._loading.settings import BatchSettings
 from results import write_section
 
 if platform.system() != "Linux" or platform.machine() != "x86_64":  # pragma: no cover
@@ -200,7 +201,8 @@ class StrippedLoader:
 
     def _source(self) -> BatchSource:
         """The batch code, as the pipeline and fastload's workers run it."""
-        return BatchSource(self.dataset, False, True, default_collate, self.batch_size, False)
+        return BatchSource(self.dataset, BatchSettings(False, True, default_collate,
+                                                 self.batch_size, False))
 
     def _batch_bytes(self) -> int:
         source = self._source()

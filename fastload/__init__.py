@@ -26,7 +26,7 @@ from fastload.dataset import (ArrayDataset, ChainDataset, ConcatDataset, Dataset
 from fastload.sampler import (BatchSampler, BucketBatchSampler, DistributedSampler, RandomSampler,
                               Sampler, SequentialSampler, SubsetRandomSampler,
                               WeightedRandomSampler)
-from fastload.worker import WorkerInfo, get_worker_info
+from fastload._loading.worker_info import WorkerInfo, get_worker_info
 
 # A submodule, as torch.utils.data.distributed is after `import torch.utils.data`.
 import fastload.distributed  # noqa: E402,F401

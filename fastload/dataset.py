@@ -136,7 +136,7 @@ class ArrayDataset(Dataset[tuple]):
 
     Spawn and forkserver workers map an ``np.memmap`` again from its file
     rather than receive its bytes (NOTE [ Pickled once, or per worker ] in
-    ``worker_payload.py``); pickling it otherwise copies, as torch's does.
+    ``_loading/wire/payload.py``); pickling it otherwise copies, as torch's does.
     """
 
     arrays: tuple[np.ndarray, ...]

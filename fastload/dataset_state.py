@@ -224,10 +224,6 @@ def needs_fresh_workers(state: dict | None) -> bool:
     return bool(section) and any(s is None for s in section.get("workers") or ())
 
 
-# The message that gives a worker its copy's state (see worker.py).
-DATASET_STATE = "dataset_state"
-
-
 def restore_copy(dataset: Any, source: Any, snap: dict) -> None:
     """Give a copy of the dataset (a worker's, or the loader's own) its state,
     before the epoch's stream opens; an ended stream stays ended."""

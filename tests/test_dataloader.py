@@ -113,7 +113,7 @@ def test_array_dataset_fast_path_equals_per_sample_path():
 
 
 def test_subsets_with_list_indices_take_the_array_fast_path():
-    from fastload.fetch import array_rows
+    from fastload._loading.fetch import array_rows
 
     x = np.arange(40).reshape(20, 2)
     train, _ = fl.random_split(fl.ArrayDataset(x), [0.75, 0.25], generator=0)

@@ -86,14 +86,15 @@ def test_a_ctrl_c_inside_next_leaves_its_batch_for_the_resume(monkeypatch, kwarg
     # A Ctrl-C can land inside next() after the batch was taken from its
     # worker but before the caller has it: sending the next task, or handing
     # the batch over.  It was counted as handed out, and a resume skipped it.
-    from fastload import dataloader, pool
+    from fastload._loading import iterators
+    from fastload._loading import pool
 
     def make():
         return DataLoader(fl.ArrayDataset(np.arange(40)), batch_size=4, shuffle=True,
                           generator=3, **kwargs)
 
     armed = []
-    real = pool.WorkerPool.send if where == "dispatch" else dataloader._BaseIter._deliver
+    real = pool.WorkerPool.send if where == "dispatch" else iterators._BaseIter._deliver
 
     def interrupted(self, *args):
         if armed:
@@ -101,7 +102,7 @@ def test_a_ctrl_c_inside_next_leaves_its_batch_for_the_resume(monkeypatch, kwarg
             raise KeyboardInterrupt
         return real(self, *args)
 
-    target = pool.WorkerPool if where == "dispatch" else dataloader._BaseIter
+    target = pool.WorkerPool if where == "dispatch" else iterators._BaseIter
     monkeypatch.setattr(target, "send" if where == "dispatch" else "_deliver", interrupted)
     loader, seen = make(), []
     with pytest.raises(KeyboardInterrupt):

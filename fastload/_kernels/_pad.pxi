@@ -1,4 +1,4 @@
-# Padding variable-length leaves into a batch (``fastload.padding.pad_collate``).
+# Padding variable-length leaves into a batch (``fastload.collate.pad_collate``).
 #
 # ``measure_padded_leaf`` checks the leaf at one path of every sample (an
 # ndarray of the first sample's dtype and trailing shape, any leading length)

@@ -1,8 +1,8 @@
 # A deadline on a worker's death once it is told to terminate.
 #
 # A worker takes SIGTERM and SIGHUP over with a Python handler, to unlink its
-# ring when the main process is terminated with it (worker.py,
-# ``_unlink_ring_when_terminated``).  A Python handler runs only when the
+# ring when the main process is terminated with it (_loading/parent_watch.py,
+# ``unlink_ring_when_terminated``).  A Python handler runs only when the
 # worker's main thread next runs Python code: a worker stuck in C (a
 # deadlocked library, a blocking call that retries on EINTR) would outlive a
 # signal whose default action had killed it at once.  So the C-level handler

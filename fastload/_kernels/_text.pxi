@@ -1,5 +1,5 @@
 # Strings on their way to the main process: a batch's list of names travels
-# joined into one str (NOTE [ Strings travel joined ] in fastload/layout_wire.py).
+# joined into one str (NOTE [ Strings travel joined ] in fastload/_loading/wire/layouts.py).
 
 
 def join_strings(object items):

@@ -22,7 +22,7 @@ NOTE [ What happens at fork, at exit and on a signal ]
   workers answer the parent).  The loader forks its workers inside
   ``signals_held``: a Ctrl-C arriving in any at-fork hook (its own or
   another library's) is recorded and raised after the fork, not dropped.
-* **Normal exit.** An iterator's teardown (``teardowns.py``) stops its
+* **Normal exit.** An iterator's teardown (``_loading/teardown.py``) stops its
   workers and unlinks its ring when the iterator is shut down or collected,
   and at the latest from ``atexit``.  In a child multiprocessing forked,
   which ends with ``os._exit`` and no ``atexit``, the teardowns run from

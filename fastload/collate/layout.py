@@ -96,7 +96,7 @@ class ArraySlot:
                                                and other.dtype.metadata == self.dtype.metadata))
 
     def __reduce__(self):
-        # Each new layout crosses the result pipe (see layout_wire): a plain
+        # Each new layout crosses the result pipe (see _loading/wire/layouts.py): a plain
         # tuple and the dtype's string (when it says everything) pickle
         # faster than the default slot state with a dtype object.
         dtype = self.dtype
@@ -363,7 +363,7 @@ class BatchLayout:
 
     def build(self, buffer: np.ndarray, values: list | None = None) -> Any:
         """The batch, its arrays viewing ``buffer``; ``values`` fill the ``Value`` leaves
-        of a layout sent without them (see ``layout_wire``)."""
+        of a layout sent without them (see ``_loading/wire/layouts.py``)."""
         if not values:
             return self.root.build(buffer)
         leaves = self.value_leaves()

@@ -10,7 +10,7 @@ It is collated the way ``default_collate`` is (``collate_into``'s
 plan and fill): the batch is laid out as a ``BatchLayout`` whose padded
 leaves have the padded shapes, the buffer is allocated at that size (a ring
 slot, when a worker makes the batch: the DataLoader recognises a
-``PadCollate``; see fetch.py), and ``_core.pad_rows`` copies each sample's rows
+``PadCollate``; see _loading/fetch.py), and ``_core.pad_rows`` copies each sample's rows
 and writes the padding and the mask in place.  No stacked temporary, no array
 bytes pickled; a slot too small for a longer batch is regrown by the ring, and
 batches already handed out keep their own slots.

@@ -10,7 +10,7 @@ for bit: ``ToArray`` moves bytes, and ``Normalize`` applies the same float32
 operations to every pixel of a channel, so its result on a byte is looked up in
 a table the transform itself computes (256 values per channel).
 
-``WholeBatch`` is what ``fastload.fetch`` asks a dataset for
+``WholeBatch`` is what ``fastload._loading.fetch`` asks a dataset for
 (``dataset._fastload_batch(rows)``); None means "sample by sample".
 """
 

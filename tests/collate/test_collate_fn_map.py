@@ -20,7 +20,7 @@ from batch_compare import assert_same, assert_same_as_torch
 
 import fastload
 import fastload.collate as fl_collate
-import fastload.fetch
+import fastload._loading.fetch
 from fastload.collate import collate, default_collate, default_collate_fn_map
 
 
@@ -138,7 +138,7 @@ def _spy_on_collate_into(monkeypatch) -> list:
         return collate_into(samples, *args, **kwargs)
 
     monkeypatch.setattr(fl_collate.fn_map, "collate_into", spy)  # default_collate's
-    monkeypatch.setattr(fastload.fetch, "collate_into", spy)
+    monkeypatch.setattr(fastload._loading.fetch, "collate_into", spy)
     return calls
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import fastload as fl
 from fastload import sampler as fs
-from fastload.dataloader import _index_stream
+from fastload._loading.iterators import index_stream
 
 SIZES = [0, 1, 2, 7, 10, 12, 13]
 
@@ -62,7 +62,7 @@ def test_batch_sampler_matches_torch(td, kind, n, batch_size, drop_last):
     assert batches == list(theirs)
     assert len(ours) == len(theirs)
     assert all(type(i) is int for batch in batches for i in batch)
-    stream, kernel_arrays = _index_stream(ours, True)
+    stream, kernel_arrays = index_stream(ours, True)
     arrays = list(stream)
     assert [list(a) for a in arrays] == batches
     if kernel_arrays:
@@ -82,7 +82,7 @@ def test_batch_sampler_over_generic_iterable():
         bs = fs.BatchSampler(Odd(), 2, drop_last)
         expected = [[5, 3], [1, 4]] + ([] if drop_last else [[2]])
         assert list(bs) == expected
-        stream, kernel_arrays = _index_stream(bs, True)
+        stream, kernel_arrays = index_stream(bs, True)
         assert not kernel_arrays and list(stream) == expected
 
 
@@ -94,7 +94,7 @@ def test_batch_sampler_honours_a_subclass_iter():
 
     bs = fs.BatchSampler(Reversed(range(5)), 2, False)
     assert list(bs) == [[4, 3], [2, 1], [0]]
-    stream, kernel_arrays = _index_stream(bs, True)
+    stream, kernel_arrays = index_stream(bs, True)
     assert not kernel_arrays and list(stream) == [[4, 3], [2, 1], [0]]
 
 
@@ -609,7 +609,7 @@ def test_index_batches_equal_batch_iteration(index, drop_last):
     s = _random_samplers(12)[index]
     bs = fs.BatchSampler(s, 7, drop_last)
     state = s._seed_source.get_state()
-    stream, _ = _index_stream(bs, True)
+    stream, _ = index_stream(bs, True)
     arrays = list(stream)
     s._seed_source.set_state(state)
     assert [list(a) for a in arrays] == list(bs)

@@ -1,6 +1,6 @@
 """What spawn/forkserver workers receive: pickled once, file-mapped arrays by
 reference, per-worker pickling where an object needs it, errors that name the
-object (NOTE [ Pickled once, or per worker ] in fastload/worker_payload.py)."""
+object (NOTE [ Pickled once, or per worker ] in fastload/_loading/wire/payload.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload.worker_payload import PickledPayload, TruncatedFileError, pickle_for_workers
+from fastload._loading.wire.payload import PickledPayload, pickle_for_workers
+from fastload._loading.wire.picklers import TruncatedFileError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -199,7 +200,7 @@ def _fail_if_payload_bytes_remain(worker_id):
     """worker_init_fn: runs once the payload is unpickled."""
     import gc
 
-    from fastload.worker_payload import PickledPayload
+    from fastload._loading.wire.payload import PickledPayload
 
     held = [len(obj.data) for obj in gc.get_objects()
             if isinstance(obj, PickledPayload) and len(obj.data) > 1_000_000]

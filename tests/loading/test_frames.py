@@ -7,7 +7,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from fastload.frames import FrameReader, send_frame
+from fastload._loading.wire.frames import FrameReader, send_frame
 
 pytestmark = pytest.mark.timeout(60)
 

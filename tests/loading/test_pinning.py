@@ -1,7 +1,7 @@
 """pin_memory=True: torch's checks and warnings, and every batch pinned with torch's function.
 
 No accelerator exists where these tests run, so one is faked (NOTE [ Where
-batches are pinned ] in fastload/pinning.py): ``torch.accelerator`` says one
+batches are pinned ] in fastload/_loading/pinning.py): ``torch.accelerator`` says one
 is there, and ``Tensor.pin_memory`` returns a copy marked as pinned.  torch's
 own DataLoader runs under the same fakes, so each test compares the two.
 """
@@ -14,7 +14,7 @@ import pytest
 from batch_compare import assert_same_as_torch, torch_twin
 
 import fastload as fl
-import fastload.pinning
+import fastload._loading.pinning
 
 Pair = collections.namedtuple("Pair", "left right")
 
@@ -210,7 +210,7 @@ def test_a_failed_pin_raises_torchs_type(torch, accelerator, monkeypatch, num_wo
 
 def test_without_torch_the_warning_is_torchs(torch, monkeypatch):
     # No torch, no accelerator: the same warning as torch gives on a machine without one.
-    monkeypatch.setattr(fastload.pinning, "_torch_or_none", lambda: None)
+    monkeypatch.setattr(fastload._loading.pinning, "_torch_or_none", lambda: None)
     with pytest.warns(UserWarning) as ours:
         iterator = iter(fl.DataLoader(Nested(), pin_memory=True))
     assert [str(w.message) for w in ours] == [

@@ -36,9 +36,7 @@ from fastload._lifetime import pipe_ends
 from forking import fork_child
 from fastload._ring import unlink_name
 from leakcheck import is_alive, shm_entries
-
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_DIR = os.path.dirname(TESTS_DIR)
+from paths import REPO_DIR, TESTS_DIR
 
 
 class CustomError(Exception):
@@ -459,7 +457,7 @@ class SlowFirstBatch(SquareDataset):
 @pytest.mark.timeout(60)
 def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_leaks):
     # The main process watches only the awaited worker's answers (NOTE [
-    # Waking for the awaited answer only ] in pool.py), but every sentinel.
+    # Waking for the awaited answer only ] in _loading/pool.py), but every sentinel.
     loader = fl.DataLoader(SlowFirstBatch(64, delay=3.0), batch_size=4, num_workers=2)
     it = iter(loader)
     pids, prefix = it.worker_pids, it._ring.prefix
@@ -659,8 +657,8 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
     # A SIGALRM timeout or a SIGCHLD handler that raises can interrupt the pool
     # anywhere: right after a worker was forked, or while workers are told to
     # stop.  None may be left running (no_leaks checks).
-    from fastload import pool
-    from fastload.worker import STOP_MESSAGE
+    from fastload._loading import pool
+    from fastload._loading.wire.messages import STOP_BYTES
 
     if where == "start":
         real_release = pool.WorkerPool._release_held
@@ -675,7 +673,7 @@ def test_an_exception_from_a_signal_handler_in_start_or_teardown_leaves_no_worke
         real_send = pool.send_frame
 
         def interrupted(fd, data):
-            if data == STOP_MESSAGE:  # before any worker was told to stop
+            if data == STOP_BYTES:  # before any worker was told to stop
                 raise _RaisedByAHandler()
             real_send(fd, data)
 
@@ -729,7 +727,7 @@ def test_a_callers_raising_handler_waits_for_the_teardown_to_end(monkeypatch, no
     # workers are stopped, once while the ring is unlinked.  Cut short there,
     # a worker that survived made a slot's segment after the names were
     # unlinked.  The signals are handled once the teardown is over.
-    from fastload import pool
+    from fastload._loading import reaping
     from fastload._ring import Ring
 
     class Raised(Exception):
@@ -749,7 +747,7 @@ def test_a_callers_raising_handler_waits_for_the_teardown_to_end(monkeypatch, no
 
     previous = signal.signal(signal.SIGUSR1, raising)
     try:
-        monkeypatch.setattr(pool, "_stop", signalled_before(pool._stop))
+        monkeypatch.setattr(reaping, "stop", signalled_before(reaping.stop))
         monkeypatch.setattr(Ring, "close", signalled_before(Ring.close))
         loader = fl.DataLoader(SlowDataset(64, delay=0.05, shape=(2,)), batch_size=2,
                                num_workers=2)
@@ -943,7 +941,7 @@ def test_reaping_run_again_in_its_own_middle_loses_no_worker(monkeypatch):
     # call keeps, and what is added meanwhile, must still be listed after the
     # outer call: those workers are reaped by nobody else (CI once found a
     # finished epoch's two workers unreaped after their loader was gone).
-    from fastload import pool
+    from fastload._loading import reaping
 
     class Worker:
         exited = False
@@ -956,23 +954,23 @@ def test_reaping_run_again_in_its_own_middle_loses_no_worker(monkeypatch):
     def running(process):
         if process is first and not first.exited:
             first.exited = True        # it exits meanwhile
-            pool._reap_exiting()       # the inner call: drops it, keeps `kept`
-            pool._exiting.append(added)  # another pool's epoch ends
+            reaping.reap_exiting()       # the inner call: drops it, keeps `kept`
+            reaping._exiting.append(added)  # another pool's epoch ends
         return not process.exited
 
-    monkeypatch.setattr(pool, "running", running)
-    monkeypatch.setattr(pool, "_exiting", [(os.getpid(), soon, [first]), kept])
-    pool._reap_exiting()
-    assert pool._exiting == [kept, added]
+    monkeypatch.setattr(reaping, "running", running)
+    monkeypatch.setattr(reaping, "_exiting", [(os.getpid(), soon, [first]), kept])
+    reaping.reap_exiting()
+    assert reaping._exiting == [kept, added]
     assert kept[2] == [second] and added[2] == [third]
 
 
 @pytest.mark.timeout(60)
 def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatch, no_leaks):
     from datasets_for_workers import linger_at_exit
-    from fastload import pool
+    from fastload._loading import reaping
 
-    monkeypatch.setattr(pool, "_JOIN_GRACE", 0.5)
+    monkeypatch.setattr(reaping, "JOIN_GRACE", 0.5)
     loader = fl.DataLoader(SquareDataset(16, (2,)), batch_size=4, num_workers=2,
                            worker_init_fn=linger_at_exit)
     iterator = iter(loader)
@@ -986,20 +984,20 @@ def test_idle_worker_that_does_not_exit_is_terminated_after_the_grace(monkeypatc
     second_pids = iterator.worker_pids
     assert len(list(iterator)) == 4
     time.sleep(0.6)
-    pool._reap_exiting()
+    reaping.reap_exiting()
     assert [p for p in second_pids if is_alive(p)] == []
 
 
 def test_reaping_leaves_alone_the_workers_a_forked_child_inherited(monkeypatch):
-    from fastload import pool
+    from fastload._loading import reaping
 
     class ParentsWorker:
         def is_alive(self):
             raise AssertionError("a forked child must not poll its parent's workers")
 
-    monkeypatch.setattr(pool, "_exiting", [(os.getpid() + 1, 0.0, [ParentsWorker()])])
-    pool._reap_exiting()
-    assert pool._exiting == []
+    monkeypatch.setattr(reaping, "_exiting", [(os.getpid() + 1, 0.0, [ParentsWorker()])])
+    reaping.reap_exiting()
+    assert reaping._exiting == []
 
 
 @pytest.mark.timeout(60)

@@ -19,7 +19,7 @@ to make a batch:
 
 The first two are ``default_collate`` only while ``default_collate_fn_map``
 holds fastload's own entries; once it is changed, the default collate is
-torch's recursion over the map (NOTE [ The collate_fn_map ] in collate.py)
+torch's recursion over the map (NOTE [ The collate_fn_map ] in collate/fn_map.py)
 and its output is packed as a custom ``collate_fn``'s is.  That is checked
 for every batch, as torch looks the map up at every call.
 """
@@ -35,6 +35,7 @@ from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNo
                               default_collate, fn_map_is_pristine, is_string_or_object_dtype,
                               pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
+from fastload._loading.settings import BatchSettings
 from fastload.collate import PadCollate
 from fastload.rng import seed_transform_rng
 
@@ -101,14 +102,15 @@ _KEPT_ARRAY_LAYOUTS = 16
 class BatchSource:
     """Makes the batches of one DataLoader, in the main process or in a worker."""
 
-    def __init__(self, dataset: Any, iterable: bool, auto_collation: bool,
-                 collate_fn: Callable, batch_size: int | None, drop_last: bool) -> None:
+    def __init__(self, dataset: Any, settings: BatchSettings) -> None:
         self.dataset = dataset
+        # Copied out of ``settings``: read on the per-sample path.
+        iterable, auto_collation, collate_fn, _, _ = settings
         self.iterable = iterable
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.batch_size = settings.batch_size
+        self.drop_last = settings.drop_last
         self.default_collate = collate_fn is default_collate
         # A Subset's indices are read once, here, for both gathers.
         found = _under_subsets(dataset) if auto_collation and self.default_collate \

@@ -10,7 +10,7 @@ import pytest
 import fastload as fl
 from fastload import DataLoader
 from fastload.collate import collate_into, pack_into
-from fastload.layout_wire import _MAX_LAYOUTS, LayoutReceiver, LayoutSender
+from fastload._loading.wire.layouts import _MAX_LAYOUTS, LayoutReceiver, LayoutSender
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,7 +297,7 @@ def test_a_layout_holding_such_an_object_is_sent_whole_every_time_and_not_kept(t
 
 
 def test_the_values_of_a_batch_whose_layout_was_lost_are_still_unpickled(tickets):
-    from fastload.layout_wire import LayoutLost
+    from fastload._loading.wire.layouts import LayoutLost
 
     sender = LayoutSender()
     wires = [sender.encode(pack_into({"x": np.zeros(2), "ticket": Ticket(n)})[0]) for n in (1, 2)]
@@ -328,14 +328,15 @@ def test_tensors_torchs_reduction_would_rebuild_wrong_keep_their_own_pickling(to
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_tasks_are_pickled_plainly_unless_a_tensor_would_not_unpickle(torch, tickets):
-    from fastload.layout_wire import dumps_task
+    from fastload._loading.wire.picklers import dumps_task
+    from fastload._loading.wire.messages import batch_task
 
     # Plain, as before: ints, arrays, tensors whose dtype plain pickling
     # rebuilds, and objects with a ForkingPickler reduction (a task is no
     # batch value: only tensors plain pickling breaks take the reductions).
     for indices in ([3, 1, 2], np.arange(3), torch.arange(3), list(torch.arange(3)),
                     torch.arange(3).to(torch.bfloat16), [Ticket(7)]):
-        task = ("batch", 0, (0, None, 0, "x"), False, indices)
+        task = batch_task(0, (0, None, 0, "x"), False, indices)
         assert dumps_task(task) == pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
     assert tickets == []
     for dtype in ("uint16", "uint32", "uint64", "float8_e4m3fn", "complex32"):
@@ -343,7 +344,7 @@ def test_tasks_are_pickled_plainly_unless_a_tensor_would_not_unpickle(torch, tic
         for sent in (indices, list(indices), {"nested": [indices]}):
             with pytest.raises(AttributeError):  # what the worker met before
                 pickle.loads(pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL))
-            back = pickle.loads(dumps_task(("batch", 1, (0,), False, sent)))[4]
+            back = pickle.loads(dumps_task(batch_task(1, (0,), False, sent)))[-1]
             assert type(back) is type(sent)
             assert _tensor_leaves(back, torch) == _tensor_leaves(sent, torch), (dtype, sent)
 

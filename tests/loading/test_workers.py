@@ -289,7 +289,7 @@ def test_batch_k_is_made_by_worker_k_mod_num_workers_however_fast_they_are(num_w
 
 
 def test_in_order_the_main_process_reads_only_the_answer_it_needs_next():
-    # NOTE [ Waking for the awaited answer only ] (pool.py): worker 1's
+    # NOTE [ Waking for the awaited answer only ] (_loading/pool.py): worker 1's
     # answers wait in its pipe while worker 0's batch is awaited, so answers
     # are read exactly in batch order, however far ahead worker 1 is.
     loader = DataLoader(UnevenWorkers(), batch_size=4, num_workers=2)
@@ -619,7 +619,7 @@ def test_tasks_are_sized_for_the_smallest_pipe_when_it_cannot_be_enlarged(monkey
     # the task budget comes from the pipes' real size, the smallest of them,
     # so a task that would not fit (2,000 indices, 16 KB) goes through shared
     # memory instead of a write that could wait on a busy worker.
-    from fastload import pool
+    from fastload._loading import pool
 
     real_fcntl = pool.fcntl
 
@@ -651,7 +651,7 @@ def test_memmap_array_dataset_travels_to_spawn_workers_by_path(tmp_path):
     data = np.load(str(path), mmap_mode="r")
     dataset = fl.ArrayDataset(data, np.arange(400))
     # 307 KB of rows: what a spawn worker receives must be the path, not the bytes.
-    from fastload.worker_payload import pickle_for_workers
+    from fastload._loading.wire.payload import pickle_for_workers
     assert len(pickle_for_workers([("dataset", dataset)], "spawn").data) < 16_000
     loader = DataLoader(dataset, batch_size=50, shuffle=True, generator=4, num_workers=2,
                         multiprocessing_context="spawn")
@@ -686,7 +686,7 @@ def test_forking_workers_leaves_the_callers_gc_freeze_state_alone():
 def test_idle_persistent_workers_outlive_the_liveness_interval(method):
     # Workers check that the main process lives while they wait for tasks;
     # a forkserver worker's parent is the fork server, which must not count.
-    from fastload.worker import LIVENESS_INTERVAL
+    from fastload._loading.parent_watch import LIVENESS_INTERVAL
 
     loader = DataLoader(ArrayDataset(np.arange(40)), batch_size=8, num_workers=2,
                         persistent_workers=True, multiprocessing_context=method)
@@ -698,7 +698,7 @@ def test_idle_persistent_workers_outlive_the_liveness_interval(method):
 
 
 def test_parent_watch_sees_its_process_exit():
-    from fastload.worker import ParentWatch
+    from fastload._loading.parent_watch import ParentWatch
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)
@@ -776,7 +776,7 @@ def test_a_mutable_mapping_sample_is_rebuilt_as_torch_rebuilds_it(torch, num_wor
 
 # Tensors whose plain pickle does not unpickle in torch 2.13 (torch's own
 # workers send them through shared memory: NOTE [ Pickled as torch's workers
-# pickle ] in layout_wire).  complex32 warns that it is experimental.
+# pickle ] in _loading/wire/layouts.py).  complex32 warns that it is experimental.
 UNPICKLABLE_DTYPES = ("uint16", "uint32", "uint64", "float8_e4m3fn", "complex32")
 
 

@@ -32,7 +32,7 @@ with ForkingPickler's reductions (a caller's ``ForkingPickler.register``
 too), which take precedence over copyreg's as they do there.
 ForkingPickler itself copies its tables (some 80 entries once torch is
 loaded) for every pickle: 5 us, where a small value pickles in 0.5 us;
-``_WirePickler`` asks the registry (``reducer_override``) only about the
+``picklers.WirePickler`` asks the registry (``reducer_override``) only about the
 objects that are not plain Python values, 1.8 us in all.  Values that are
 all of ``_PLAIN_TYPES`` (the joined strings, numbers: nearly every batch)
 reach no reduction, so ``pickle.dumps`` writes them, as before.
@@ -51,22 +51,18 @@ not kept (equal bytes do not mean that the main process has it), and a
 batch whose layout fails to arrive still has its values unpickled.
 
 The other way, a task holding a sampler's batch as it was yielded is
-pickled by ``dumps_task`` (NOTE [ Tasks that may hold tensors ]).
+pickled by ``picklers.dumps_task`` (NOTE [ Tasks that may hold tensors ]).
 """
 
 from __future__ import annotations
 
-import io
 import pickle
-import sys
-import warnings
-from multiprocessing.reduction import ForkingPickler
-from typing import Any
 
 from fastload._core import join_strings
 from fastload.collate import BatchLayout
+from fastload._loading.wire.picklers import dumps_with_reductions
 
-__all__ = ["LayoutSender", "LayoutReceiver", "dumps_task"]
+__all__ = ["LayoutSender", "LayoutReceiver"]
 
 # A worker remembers at most this many layouts; past that (batches whose
 # shapes keep changing) a layout travels whole and is not kept.  Padded
@@ -107,7 +103,7 @@ class LayoutSender:
                 return last[1], None, _pickle_values(values)
         values = layout.detach_values()
         values_bytes = _pickle_values(values)
-        structure, handed_over = _dumps(layout)
+        structure, handed_over = dumps_with_reductions(layout)
         if handed_over:  # see NOTE [ Pickled as torch's workers pickle ]
             return _NOT_KEPT, structure, values_bytes
         layout_id = self._ids.get(structure)
@@ -140,106 +136,11 @@ def _pickle_values(values: list) -> bytes | None:
             joined.append((position, type(value) is tuple))
     if plain:  # no reduction applies (NOTE [ Pickled as torch's workers pickle ])
         return pickle.dumps((sent, joined), protocol=pickle.HIGHEST_PROTOCOL)
-    return _dumps((sent, joined))[0]
+    return dumps_with_reductions((sent, joined))[0]
 
 
 # Values of these types the pickler writes itself, never reducing them.
 _PLAIN_TYPES = frozenset({str, int, float, bool, type(None), bytes})
-
-
-class _WirePickler(pickle.Pickler):
-    """A pickler with ``ForkingPickler``'s reductions (NOTE [ Pickled as torch's
-    workers pickle ]); ``handed_over`` tells whether one of them was used."""
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.handed_over = False
-
-    def reducer_override(self, obj: Any) -> Any:
-        reduce = ForkingPickler._extra_reducers.get(type(obj))
-        if reduce is None or _rebuilt_wrong_by_torch(obj):
-            return NotImplemented
-        self.handed_over = True
-        return reduce(obj)
-
-
-def _rebuilt_wrong_by_torch(obj: Any) -> bool:
-    """A tensor that torch's reduction would rebuild from its storage and
-    strides alone, losing what else makes its values."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor) \
-        and (obj.is_quantized or obj.is_conj() or obj.is_neg())
-
-
-def _dumps(obj: Any) -> tuple[bytes, bool]:
-    """``obj`` pickled by ``_WirePickler``, and whether a reduction of
-    ``ForkingPickler``'s was used."""
-    buffer = io.BytesIO()
-    pickler = _WirePickler(buffer)
-    pickler.dump(obj)
-    return buffer.getvalue(), pickler.handed_over
-
-
-def dumps_task(task: Any) -> bytes:
-    """A task holding a sampler's batch as it was yielded, pickled for a worker.
-
-    NOTE [ Tasks that may hold tensors ]
-    torch's workers get their tasks through multiprocessing queues, which
-    pickle with ``ForkingPickler``'s reductions: a tensor goes as a handle
-    to shared memory.  Plain pickling does not always do: in torch 2.13 a
-    uint16, uint32, uint64, float8 or complex32 tensor so pickled does not
-    unpickle, and a batch sampler yielding such index tensors killed every
-    worker at its first task.  A task holding such a tensor is pickled with
-    the reductions, as in torch; any other is pickled plainly, as before:
-    handing int64 index tensors over by descriptor made an epoch of 157
-    batches of them 30 % longer (`dict`'s sizes, persistent workers, a
-    trivial dataset), and a plain list of ints never reaches the check.
-    """
-    buffer = io.BytesIO()
-    try:
-        _PlainUnlessUnrebuilt(buffer).dump(task)
-    except _NeedsReductions:
-        return _dumps(task)[0]
-    return buffer.getvalue()
-
-
-class _NeedsReductions(Exception):
-    """Plain pickling met a tensor that it would not rebuild."""
-
-
-class _PlainUnlessUnrebuilt(pickle.Pickler):
-    """Plain pickling that stops at a tensor whose dtype it would not rebuild."""
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-
-    def reducer_override(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) \
-                and not _plain_pickling_rebuilds(torch, obj.dtype):
-            raise _NeedsReductions
-        return NotImplemented
-
-
-# dtype -> whether a tensor of it survives pickle.dumps then pickle.loads.
-_REBUILT_PLAINLY: dict[Any, bool] = {}
-
-
-def _plain_pickling_rebuilds(torch: Any, dtype: Any) -> bool:
-    """Tried once per dtype (a few hundred microseconds): which dtypes fail
-    depends on the torch release."""
-    rebuilt = _REBUILT_PLAINLY.get(dtype)
-    if rebuilt is None:
-        try:
-            with warnings.catch_warnings():  # "ComplexHalf support is experimental"
-                warnings.simplefilter("ignore")
-                pickle.loads(pickle.dumps(torch.zeros(1, dtype=dtype),
-                                          protocol=pickle.HIGHEST_PROTOCOL))
-            rebuilt = True
-        except Exception:
-            rebuilt = False
-        _REBUILT_PLAINLY[dtype] = rebuilt
-    return rebuilt
 
 
 def _unpickle_values(data: bytes) -> list:
@@ -253,14 +154,7 @@ def _unpickle_values(data: bytes) -> list:
 class LayoutLost(RuntimeError):
     """A batch refers to a layout whose arrival an exception interrupted (one a
     signal handler of the caller's raised, say): the worker must send its
-    layouts again (``RESEND_LAYOUTS``)."""
-
-
-# Told to a worker whose layout was lost: it numbers its layouts afresh and so
-# sends each again with its next use.  Batches it made before reading this
-# still refer to the old numbers; those the main process has stay valid,
-# since a worker's answers arrive in the order it sends them.
-RESEND_LAYOUTS = ("resend_layouts",)
+    layouts again (``messages.RESEND_LAYOUTS``)."""
 
 
 class LayoutReceiver:

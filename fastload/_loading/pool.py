@@ -38,26 +38,23 @@ from __future__ import annotations
 
 import _signal
 import gc
-import itertools
-import multiprocessing.process
 import os
 import pickle
 import select
 import signal
 import time
-import weakref
 from typing import Any
 
 import numpy as np
 
 from fastload._lifetime import pipe_ends
-from fastload._lifetime.hooks import at_fork
-from fastload.frames import FrameReader, send_frame
-from fastload._lifetime.interrupts import signals_deferred, signals_held
-from fastload.layout_wire import dumps_task
+from fastload._lifetime.interrupts import signals_held
+from fastload._loading import reaping
+from fastload._loading.wire.frames import FrameReader, send_frame
+from fastload._loading.wire.messages import STOP_BYTES, indirect_task
+from fastload._loading.wire.picklers import dumps_task
+from fastload._loading.worker_loop import worker_loop
 from fastload._ring import Segment, unlink_name
-from fastload._lifetime.weak_registry import WeakRegistry
-from fastload.worker import STOP_MESSAGE, worker_loop
 
 try:
     from fcntl import fcntl
@@ -65,12 +62,8 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-__all__ = ["WorkerPool", "join_exiting_workers", "show_workers", "shown_workers"]
+__all__ = ["WorkerPool"]
 
-# How long shutdown waits for workers to exit before terminating them.
-_JOIN_GRACE = 5.0
-# How often that wait looks for a Ctrl-C (which it holds).
-_INTERRUPT_CHECK = 0.05
 _PIPE_BYTES = 1 << 20
 # Pipe capacity assumed when sizing tasks: Linux's default, unless enlarged.
 _DEFAULT_PIPE_BYTES = 1 << 16
@@ -93,28 +86,6 @@ def _enlarge_pipe(conn: Any) -> int:
         return fcntl(conn.fileno(), _F_GETPIPE_SZ)
     except OSError:
         return 4096  # a pipe holds at least a page
-
-
-def describe_exit(pid: int, exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-            text = signal.strsignal(-exitcode) or name
-        except ValueError:
-            name = text = f"signal {-exitcode}"
-        message = f"DataLoader worker (pid {pid}) is killed by signal: {text} ({name})."
-        if exitcode == -signal.SIGBUS:
-            # torch's hint: slots reserve their pages, but a mapped file can still shrink.
-            message += (" It is possible that dataloader's workers are out of shared memory. "
-                        "Please try to raise your shared memory limit.")
-        return message
-    if exitcode is None:
-        # Reaped by someone else: SIGCHLD ignored, or a handler calling waitpid(-1).
-        return (f"DataLoader worker (pid {pid}) exited unexpectedly (its exit status was "
-                f"collected elsewhere: is SIGCHLD ignored, or reaped by a handler?)")
-    return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
-            f"Details are lost due to multiprocessing. Rerunning with num_workers=0 may give "
-            f"better error trace.")  # torch's words
 
 
 # signal's functions turn their answers into enums (signal.getsignal: 0.3
@@ -147,43 +118,6 @@ def _send_frame(fd: int, data: bytes) -> None:
         _signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def running(process: Any) -> bool:
-    """Whether a worker has not exited (reaping it if it has).
-
-    ``is_alive()`` alone says True forever of a child that someone else
-    reaped (SIGCHLD set to SIG_IGN, a handler calling ``waitpid(-1)``:
-    multiprocessing takes the ECHILD for a child not started yet), so waits
-    would run to their deadline and a kill could hit a reused pid.  The
-    sentinel, a pipe whose other end only the worker holds, tells that case
-    apart without a wait.
-    """
-    try:
-        sentinel = process.sentinel
-    except ValueError:  # never started
-        return False
-    if not process.is_alive():  # reaps it if it has exited
-        return False
-    if not select.select([sentinel], [], [], 0)[0]:
-        return True
-    # Its descriptors are closed: it is exiting (its status comes a moment
-    # later), or its status was collected elsewhere.
-    try:
-        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
-
-
-class WorkerDied(RuntimeError):
-    """A worker process ended without being asked to."""
-
-
-def _died(process: Any) -> WorkerDied:
-    """The error for a worker found gone, once its exit status is in (or 1 s has passed)."""
-    process.join(timeout=1.0)
-    return WorkerDied(describe_exit(process.pid, process.exitcode))
-
-
 class WorkerPool:
     """``num_workers`` processes running ``worker_loop``.
 
@@ -212,7 +146,7 @@ class WorkerPool:
         self._ring_prefix = ring_prefix
         self._message_names: list[str] = []
         # How long shutdown lets a busy worker finish the batch in hand.
-        self.exit_grace = _JOIN_GRACE
+        self.exit_grace = reaping.JOIN_GRACE
         # ``inherited_slots`` (fork only): ring slots the workers write through
         # the mappings they inherit (NOTE [ Slots that outlive an epoch ]).
         self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix,
@@ -256,7 +190,7 @@ class WorkerPool:
 
     def _start_workers(self) -> None:
         num_workers, payload, base_seed, parent_pid, ring_prefix, inherited_slots = self._args
-        _reap_exiting()
+        reaping.reap_exiting()
         # A forked worker's garbage collector walks every object it inherited,
         # writing to their pages, so each worker would copy much of the parent's
         # heap page by page.  Objects frozen at fork time are never walked; the
@@ -281,7 +215,7 @@ class WorkerPool:
                 # Listed before it starts: an exception raised while it starts
                 # (by a handler of the caller's signals) must not lose it.
                 self.processes.append(process)
-                _workers_of_this_process.add(process)
+                reaping.workers_of_this_process.add(process)
                 # start() returns once the child is launched, not once it has
                 # imported anything: all workers start up concurrently.
                 process.start()
@@ -318,7 +252,7 @@ class WorkerPool:
     def _pack(self, message: Any, may_hold_tensors: bool = False) -> bytes:
         """``message``'s bytes for a task pipe.  ``may_hold_tensors``: tensors
         in it travel as torch's do where plain pickling would not rebuild
-        them (NOTE [ Tasks that may hold tensors ] in layout_wire.py)."""
+        them (NOTE [ Tasks that may hold tensors ] in wire/picklers.py)."""
         if may_hold_tensors:
             data = dumps_task(message)
         else:
@@ -330,7 +264,7 @@ class WorkerPool:
         segment = Segment(name, len(data), create=True)
         segment.array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         self._message_names.append(name)
-        return pickle.dumps(("indirect", name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(indirect_task(name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
 
     def send(self, worker_id: int, message: Any, may_hold_tensors: bool = False) -> None:
         self._send_bytes(worker_id, self._pack(message, may_hold_tensors))
@@ -354,7 +288,7 @@ class WorkerPool:
             _send_frame(self._task_fds[worker_id], data)
         except (BrokenPipeError, ConnectionResetError):
             # e.g. killed while idle between two epochs of persistent workers
-            raise _died(self.processes[worker_id]) from None
+            raise reaping.died(self.processes[worker_id]) from None
 
     def raise_if_exiting(self, worker_id: int, grace: float = 0.2) -> None:
         """``WorkerDied`` if the worker has exited, or exits within ``grace``
@@ -362,14 +296,14 @@ class WorkerPool:
 
         For an answer that failed to arrive whole because its worker was
         gone: a value handed over by descriptor (NOTE [ Pickled as torch's
-        workers pickle ] in layout_wire.py) cannot be fetched from a dead
+        workers pickle ] in wire/layouts.py) cannot be fetched from a dead
         worker, and torch reports that as the worker's death.  The worker's
         descriptors all close together as it exits, so its sentinel follows
         the failed fetch at once.
         """
         process = self.processes[worker_id]
         if select.select([process.sentinel], [], [], grace)[0]:
-            raise _died(process)
+            raise reaping.died(process)
 
     def receive(self, timeout: float | None, awaited: int | None = None) -> tuple[int, Any] | None:
         """The next answer from any worker, or None when ``timeout`` passes.
@@ -430,7 +364,7 @@ class WorkerPool:
         got = self._answer_left_by(self.processes.index(dead))
         if got is not None:
             return got
-        raise _died(dead)
+        raise reaping.died(dead)
 
     def _answer_left_by(self, worker_id: int) -> tuple[int, Any] | None:
         """The next answer a dead worker sent before it died, if one is unread."""
@@ -462,8 +396,8 @@ class WorkerPool:
 
         ``wait=False`` (idle workers, at the end of an epoch) leaves them to
         exit on their own, so the caller's ``StopIteration`` does not wait for
-        processes to tear down; ``_reap_exiting`` collects them later, and
-        stops any that outstay ``_JOIN_GRACE``.  Only idle workers may be left
+        processes to tear down; ``reaping.reap_exiting`` collects them later,
+        and stops any that outstay ``reaping.JOIN_GRACE``.  Only idle workers may be left
         so: a busy one could still be writing a slot the caller is about to
         unlink.  A Ctrl-C ends the wait for busy workers (they are then
         terminated) and is raised once all is torn down.
@@ -480,22 +414,22 @@ class WorkerPool:
             try:
                 self._process_of_fd.clear()
                 for conn, process in zip(self._task_conns, processes):
-                    if running(process):
+                    if reaping.running(process):
                         try:
-                            _send_frame(conn.fileno(), STOP_MESSAGE)
+                            _send_frame(conn.fileno(), STOP_BYTES)
                         except OSError:
                             pass  # it is exiting already
                 if wait:
-                    _reap(processes, self.exit_grace, interrupted)
+                    reaping.reap(processes, self.exit_grace, interrupted)
                 elif processes:
-                    _exiting.append((os.getpid(), time.monotonic() + _JOIN_GRACE, processes))
+                    reaping.leave_to_exit(processes)
                     left_exiting = True
-                _reap_exiting()
+                reaping.reap_exiting()
             finally:
                 # Also when a handler of the caller's signals raised in the
                 # middle: no worker may outlive its pool unwatched.
                 if not left_exiting:
-                    _stop(processes)
+                    reaping.stop(processes)
                 self.processes = []
                 connections = self._task_conns + self._result_conns
                 connections += [conn for pair in self._child_ends for conn in pair]
@@ -505,137 +439,3 @@ class WorkerPool:
                 del connections, processes
                 for name in self._message_names:
                     unlink_name(name)  # a worker that died before reading it
-
-
-# Every worker process the pools of this process started (and that lives on
-# as an object).
-_workers_of_this_process = WeakRegistry()
-
-
-def _leave_the_parents_workers_alone() -> None:
-    """In a child the caller forks (``os.fork()``): forget the parent's workers.
-
-    multiprocessing lists them as this process's children too (its list is
-    inherited), and at a normal exit terminates the daemonic ones among its
-    children (``multiprocessing.util._exit_function``): a child that ended
-    with ``sys.exit()`` took the parent's loader's workers with it, and the
-    parent's next batch raised that a worker was killed by SIGTERM (torch's
-    loader the same).  A child multiprocessing starts itself clears the list.
-    """
-    children = getattr(multiprocessing.process, "_children", None)
-    if children:
-        children.difference_update(_workers_of_this_process.live())
-    _workers_of_this_process.clear()
-
-
-at_fork("parent's workers", after_in_child=_leave_the_parents_workers_alone)
-
-
-# Idle workers told to exit at the end of an epoch, not waited for:
-# (owning pid, deadline, processes).  See WorkerPool.shutdown.
-_exiting: list[tuple[int, float, list]] = []
-
-
-# The lists iterators show as torch's ``_workers``, each beside a weak
-# reference to its iterator, which holds only the key: so dropping an
-# iterator frees no ``Process`` (its finalizer is Python code, where a Ctrl-C
-# would be lost: NOTE [ Ctrl-C held over fork and teardown ]).
-# ``_reap_exiting`` lets go of those whose iterator is gone, signals held.
-_shown_worker_lists: dict[int, tuple[Any, list]] = {}
-_shown_keys = itertools.count()
-
-
-def show_workers(owner: Any) -> int:
-    """A key to ``owner``'s list of worker processes (``shown_workers``), kept while it lives."""
-    key = next(_shown_keys)
-    _shown_worker_lists[key] = (weakref.ref(owner), [])
-    return key
-
-
-def shown_workers(key: int) -> list:
-    return _shown_worker_lists[key][1]
-
-
-def _forget_workers_of_dropped_iterators() -> None:
-    for key, (owner, _) in list(_shown_worker_lists.items()):
-        if owner() is None:
-            _shown_worker_lists.pop(key, None)
-
-
-def _reap_exiting() -> None:
-    """Reap the exited workers of earlier epochs without waiting; stop the ones past their grace.
-
-    Runs whenever a pool starts or shuts down.  (A thread that joined them
-    would fight the caller for the GIL just as the next epoch starts; at exit,
-    multiprocessing itself terminates and joins whatever is left, as it does
-    for every daemonic process.)
-    """
-    now, pid = time.monotonic(), os.getpid()
-    # Entry by entry, over a copy: another call can run in the middle of this
-    # one (a loader's teardown that the collector runs at any allocation here,
-    # or another thread's pool), and writing back the list as this call saw it
-    # dropped what that call left or added: those workers were never reaped
-    # (a finished epoch's two, still there once their loader was gone).
-    for entry in list(_exiting):
-        owner, deadline, processes = entry
-        if owner == pid:  # else inherited by a forked child: not its processes
-            processes[:] = [p for p in list(processes) if running(p)]  # reaps the exited ones
-            if processes and now < deadline:
-                continue
-            _stop(processes)  # their grace is over
-        _drop_exiting(entry)
-    _forget_workers_of_dropped_iterators()
-
-
-def _drop_exiting(entry: tuple) -> None:
-    """Remove ``entry`` itself (not an equal one) from ``_exiting``, if a
-    nested call has not already."""
-    for index, listed in enumerate(_exiting):
-        if listed is entry:
-            del _exiting[index]
-            return
-
-
-def join_exiting_workers() -> None:
-    """Wait for the idle workers left to exit at an epoch's end (each up to its grace,
-    then stopped), and reap them.
-
-    Run when a loader goes away (a ``weakref.finalize``): its last epoch's
-    workers must not outlive it, not even as exited, unreaped processes.  A
-    Ctrl-C ends the wait, and is sent again once this has returned.
-    """
-    with signals_deferred() as interrupted:
-        pid = os.getpid()
-        for owner, deadline, processes in list(_exiting):
-            if owner == pid:
-                _reap(processes, max(0.0, deadline - time.monotonic()), interrupted)
-        _reap_exiting()
-
-
-def _reap(processes: list, grace: float, interrupted: list) -> None:
-    """Join workers that were asked to exit; after ``grace`` seconds, or as soon
-    as ``interrupted`` holds a Ctrl-C, terminate, then kill, the ones that have not.
-
-    (A worker left running could create a slot's segment after the ring
-    unlinked its names: even at a Ctrl-C they are stopped, not abandoned.)
-    """
-    deadline = time.monotonic() + grace
-    for process in list(processes):  # a nested _reap_exiting may shorten the list
-        while not interrupted and running(process) and time.monotonic() < deadline:
-            # In steps: the Ctrl-C only records itself (the wait runs held).
-            process.join(timeout=min(_INTERRUPT_CHECK, max(0.0, deadline - time.monotonic())))
-    _stop(processes)
-
-
-def _stop(processes: list) -> None:
-    """Kill the workers still alive; each wait bounded.
-
-    SIGKILL, not torch's SIGTERM: a worker at SIGTERM's default action dies
-    just the same, but fastload's workers take SIGTERM over to tell whether
-    the main process is being terminated with them (see
-    ``worker._unlink_ring_when_terminated``), which would only slow this down.
-    """
-    for process in list(processes):
-        if running(process):
-            process.kill()
-            process.join(timeout=1.0)

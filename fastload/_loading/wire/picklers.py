@@ -1,23 +1,15 @@
-"""What spawn and forkserver workers are sent: the dataset, the batch settings
-and ``worker_init_fn``.
+"""The custom picklers of the wire, in one place.
 
-NOTE [ Pickled once, or per worker ]
-torch's workers each pickle the dataset as they start (it is an argument of
-their ``Process``).  fastload pickles it once for all of them and hands every
-worker the same bytes, so start-up does not grow with ``num_workers``.  The
-bytes are made as ``Process.start`` would make them: with multiprocessing's
-``ForkingPickler`` (whose reductions torch extends: a tensor in shared memory
-is sent as a handle, not copied), while a process is being started.  Some
-objects cannot be pickled once for several processes: a
-``multiprocessing.Value``, a ``Queue``, a torch tensor shared by file
-descriptor each hand a descriptor to the one child being started.  Then, and
-only then, the objects go to the workers as torch's do, pickled per worker.
-
-Arrays mapped from a file (``np.memmap``, ``np.load(..., mmap_mode=...)`` and
-views of them) are reopened from their file in the worker instead of being
-copied, unless the file at that path is no longer the one mapped (replaced,
-deleted) or the mapping is copy-on-write (its edits are not in the file):
-those are sent by value, so a worker always sees what the main process sees.
+* ``WirePickler`` (answers: a batch's values and layouts; tasks that may
+  hold tensors): plain pickling plus ``ForkingPickler``'s reductions where
+  torch registered one (NOTE [ Pickled as torch's workers pickle ] in
+  ``layouts.py``);
+* ``_PlainUnlessUnrebuilt`` (``dumps_task``): plain pickling that gives up
+  at a tensor plain pickling would not rebuild (NOTE [ Tasks that may hold
+  tensors ]);
+* ``PayloadPickler`` (the spawn/forkserver workers' payload, ``payload.py``):
+  ``ForkingPickler`` with arrays mapped from a file sent as a way to map
+  them again.
 """
 
 from __future__ import annotations
@@ -26,119 +18,116 @@ import io
 import mmap
 import os
 import pickle
-from multiprocessing import context as mp_context
+import sys
+import warnings
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["pickle_for_workers", "PickledPayload", "TruncatedFileError"]
+__all__ = ["WirePickler", "dumps_with_reductions", "dumps_task", "PayloadPickler",
+           "TruncatedFileError"]
+
+# -- answers, and tasks that may hold tensors --------------------------------
+
+class WirePickler(pickle.Pickler):
+    """A pickler with ``ForkingPickler``'s reductions (NOTE [ Pickled as torch's
+    workers pickle ] in ``layouts.py``); ``handed_over`` tells whether one of them was used."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.handed_over = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        reduce = ForkingPickler._extra_reducers.get(type(obj))
+        if reduce is None or _rebuilt_wrong_by_torch(obj):
+            return NotImplemented
+        self.handed_over = True
+        return reduce(obj)
 
 
-class PickledPayload:
-    """The payload's bytes, in a holder the worker empties once it has unpickled
-    them: the arguments of a process stay referenced while it runs (by its
-    ``Process`` object and the call into its target), and the bytes alone
-    would keep a second copy of the dataset in every worker.  (A ``bytearray``
-    could be emptied too, but multiprocessing pickles a process's arguments
-    with protocol 4, which copies a bytearray once more, per worker.)"""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __reduce__(self) -> tuple:
-        return (PickledPayload, (self.data,))
-
-    def take(self) -> bytes:
-        data, self.data = self.data, b""
-        return data
+def _rebuilt_wrong_by_torch(obj: Any) -> bool:
+    """A tensor that torch's reduction would rebuild from its storage and
+    strides alone, losing what else makes its values."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor) \
+        and (obj.is_quantized or obj.is_conj() or obj.is_neg())
 
 
-class _NeedsEachWorker(Exception):
-    """An object hands a file descriptor to the one process being started."""
-
-
-class _StartingAll:
-    """Stands in for the ``Popen`` of the process being started while the payload
-    is pickled once for all workers (multiprocessing's objects check that one is).
-
-    ``strict``: an object that would hand it a descriptor raises
-    ``_NeedsEachWorker``; otherwise a placeholder stands in (to find out
-    whether the rest pickles at all)."""
-
-    def __init__(self, strict: bool) -> None:
-        self.strict = strict
-
-    def duplicate_for_child(self, fd: int) -> int:
-        if self.strict:
-            raise _NeedsEachWorker
-        return fd
-
-    def DupFd(self, fd: int) -> None:  # noqa: N802 - multiprocessing's name
-        return None
-
-
-def pickle_for_workers(named_objects: Sequence[tuple[str, Any]], method: str
-                       ) -> PickledPayload | tuple:
-    """The payload for spawn/forkserver workers: bytes pickled once for all of
-    them, or the objects themselves when they must be pickled per worker (see
-    NOTE [ Pickled once, or per worker ]).
-
-    A failure names the object that cannot be pickled and what to do; the
-    error keeps the type the pickling raised.
-    """
-    objects = tuple(obj for _, obj in named_objects)
-    try:
-        return PickledPayload(_dumps(objects, strict=True))
-    except _NeedsEachWorker:
-        per_worker = True
-    except TruncatedFileError:
-        raise  # picklable, but not as it is now: no advice on pickling applies
-    except Exception:
-        per_worker = False
-    # Find which object fails, and why (a descriptor-holding object is fine).
-    for name, obj in named_objects:
-        try:
-            _dumps(obj, strict=False)
-        except Exception as error:
-            raise _unpicklable(name, error, method) from error
-    if per_worker:
-        return objects
-    return PickledPayload(_dumps(objects, strict=True))  # pragma: no cover - each part pickled
-
-
-def _dumps(obj: Any, strict: bool) -> bytes:
+def dumps_with_reductions(obj: Any) -> tuple[bytes, bool]:
+    """``obj`` pickled by ``WirePickler``, and whether a reduction of
+    ``ForkingPickler``'s was used."""
     buffer = io.BytesIO()
-    previous = mp_context.get_spawning_popen()
-    mp_context.set_spawning_popen(_StartingAll(strict))
+    pickler = WirePickler(buffer)
+    pickler.dump(obj)
+    return buffer.getvalue(), pickler.handed_over
+
+
+def dumps_task(task: Any) -> bytes:
+    """A task holding a sampler's batch as it was yielded, pickled for a worker.
+
+    NOTE [ Tasks that may hold tensors ]
+    torch's workers get their tasks through multiprocessing queues, which
+    pickle with ``ForkingPickler``'s reductions: a tensor goes as a handle
+    to shared memory.  Plain pickling does not always do: in torch 2.13 a
+    uint16, uint32, uint64, float8 or complex32 tensor so pickled does not
+    unpickle, and a batch sampler yielding such index tensors killed every
+    worker at its first task.  A task holding such a tensor is pickled with
+    the reductions, as in torch; any other is pickled plainly, as before:
+    handing int64 index tensors over by descriptor made an epoch of 157
+    batches of them 30 % longer (`dict`'s sizes, persistent workers, a
+    trivial dataset), and a plain list of ints never reaches the check.
+    """
+    buffer = io.BytesIO()
     try:
-        _PayloadPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
-    finally:
-        mp_context.set_spawning_popen(previous)
+        _PlainUnlessUnrebuilt(buffer).dump(task)
+    except _NeedsReductions:
+        return dumps_with_reductions(task)[0]
     return buffer.getvalue()
 
 
-def _unpicklable(name: str, error: Exception, method: str) -> Exception:
-    message = (f"DataLoader with multiprocessing_context={method!r} must pickle the {name} to "
-               f"send it to the workers, but it cannot be pickled: {error}. Define it at module "
-               f"level (not as a lambda, local function or class), or use "
-               f"multiprocessing_context='fork'.")
-    try:
-        rebuilt = type(error)(message)
-    except Exception:
-        rebuilt = None
-    if rebuilt is not None and str(rebuilt) == message:
-        return rebuilt
-    # A type that does not take one message: the original, with the advice as a note.
-    error.add_note(message)
-    return error
+class _NeedsReductions(Exception):
+    """Plain pickling met a tensor that it would not rebuild."""
 
 
-# -- arrays mapped from a file ---------------------------------------------
+class _PlainUnlessUnrebuilt(pickle.Pickler):
+    """Plain pickling that stops at a tensor whose dtype it would not rebuild."""
 
-class _PayloadPickler(ForkingPickler):
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) \
+                and not _plain_pickling_rebuilds(torch, obj.dtype):
+            raise _NeedsReductions
+        return NotImplemented
+
+
+# dtype -> whether a tensor of it survives pickle.dumps then pickle.loads.
+_REBUILT_PLAINLY: dict[Any, bool] = {}
+
+
+def _plain_pickling_rebuilds(torch: Any, dtype: Any) -> bool:
+    """Tried once per dtype (a few hundred microseconds): which dtypes fail
+    depends on the torch release."""
+    rebuilt = _REBUILT_PLAINLY.get(dtype)
+    if rebuilt is None:
+        try:
+            with warnings.catch_warnings():  # "ComplexHalf support is experimental"
+                warnings.simplefilter("ignore")
+                pickle.loads(pickle.dumps(torch.zeros(1, dtype=dtype),
+                                          protocol=pickle.HIGHEST_PROTOCOL))
+            rebuilt = True
+        except Exception:
+            rebuilt = False
+        _REBUILT_PLAINLY[dtype] = rebuilt
+    return rebuilt
+
+
+# -- the workers' payload: arrays mapped from a file ------------------------
+
+class PayloadPickler(ForkingPickler):
     """``ForkingPickler``, with file-mapped arrays sent as a way to map them again."""
 
     def __init__(self, file: Any, protocol: int) -> None:

@@ -1,0 +1,1 @@
+"""What crosses the pipes between the main process and its workers, and how."""
