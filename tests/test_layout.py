@@ -147,3 +147,47 @@ def test_every_note_mentioned_exists_where_the_mention_says():
             elif where and not any(_is_in(home, where) for home in homes):
                 wrong.append(f"{path}: NOTE [ {title} ] is in {homes}, not in {where}")
     assert not wrong, "\n".join(wrong)
+
+
+def _readme_layout() -> dict[str, str]:
+    """The README's layout block, by section: a line naming a top-level
+    ``fastload/`` file or folder, with the indented lines under it."""
+    with open(os.path.join(REPO_DIR, "README.md")) as handle:
+        readme = handle.read()
+    block = readme.split("## Layout", 1)[1].split("```")[1]
+    sections: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("fastload/"):
+            current = line.split()[0]
+            sections[current] = line
+        elif line.startswith(" ") and current:
+            sections[current] += "\n" + line
+        else:
+            current = None
+    return sections
+
+
+def test_the_readme_layout_names_every_source_file():
+    sections = _readme_layout()
+    assert "fastload/dataloader.py" in sections
+    missing = []
+    for path in sorted(_modules().values()) + sorted(
+            os.path.join(folder, name) for folder, _, names in os.walk(PACKAGE_DIR)
+            for name in names if name.endswith((".pyx", ".pxi", ".pyi"))):
+        relative = os.path.relpath(path, PACKAGE_DIR).split(os.sep)
+        if len(relative) == 1:
+            # A root file: its own line, or named on a neighbour's (__main__.py, _core.pyi).
+            found = any(re.search(rf"(^|\s|/){re.escape(relative[0])}\b", text)
+                        for text in sections.values())
+        elif relative[-1] == "__init__.py":
+            found = f"fastload/{'/'.join(relative[:-1])}/" in sections or any(
+                f"{'/'.join(relative[1:-1])}/" in text for text in sections.values())
+        else:
+            home = sections.get(f"fastload/{relative[0]}/", "") + sections.get(
+                "fastload/_core.pyx", "")
+            found = re.search(rf"(^|\s){re.escape('/'.join(relative[1:]))}\b", home) or \
+                re.search(rf"(^|\s){re.escape('/'.join(relative))}\b", home)
+        if not found:
+            missing.append(os.path.relpath(path, REPO_DIR))
+    assert not missing, f"README's layout does not name: {missing}"

@@ -64,7 +64,7 @@ from .cache_verified import VerifiedEntries
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
 from .resample import fusable, resize_rgb_bytes_to_chw
-from .transforms import _PIL_FILTERS
+from .interpolation import PIL_FILTERS
 
 __all__ = ["DecodedImageCache", "make_image_cache", "cached_size", "CACHE_FORMATS"]
 
@@ -412,8 +412,8 @@ def _fused_from_pixels(payload: Any, width: int, height: int, transform: Any
     head, rest = split_planned_head(transform)
     flip_step, fused_steps = _flip_and_to_array(rest)
     interpolation = getattr(head, "interpolation", None)
-    if not fused_steps or interpolation not in _PIL_FILTERS \
-            or not fusable("RGB", _PIL_FILTERS[interpolation]):
+    if not fused_steps or interpolation not in PIL_FILTERS \
+            or not fusable("RGB", PIL_FILTERS[interpolation]):
         return None
     plan = head.plan_region(width, height)
     if plan.is_empty:  # only Pillow's own steps say what happens there

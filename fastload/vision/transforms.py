@@ -26,13 +26,13 @@ import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from ..rng import transform_rng
+from .interpolation import AVERAGING_FILTERS, PIL_FILTERS, InterpolationMode, interpolation_mode
 from .resample import resize_to_chw
 
 __all__ = [
@@ -46,70 +46,6 @@ __all__ = [
     "ToArray",
     "Normalize",
 ]
-
-
-class InterpolationMode(Enum):
-    """Interpolation methods, named and valued as torchvision's."""
-
-    NEAREST = "nearest"
-    NEAREST_EXACT = "nearest-exact"
-    BILINEAR = "bilinear"
-    BICUBIC = "bicubic"
-    BOX = "box"
-    HAMMING = "hamming"
-    LANCZOS = "lanczos"
-
-
-_PIL_FILTERS = {
-    InterpolationMode.NEAREST: Image.Resampling.NEAREST,
-    InterpolationMode.NEAREST_EXACT: Image.Resampling.NEAREST,
-    InterpolationMode.BILINEAR: Image.Resampling.BILINEAR,
-    InterpolationMode.BICUBIC: Image.Resampling.BICUBIC,
-    InterpolationMode.BOX: Image.Resampling.BOX,
-    InterpolationMode.HAMMING: Image.Resampling.HAMMING,
-    InterpolationMode.LANCZOS: Image.Resampling.LANCZOS,
-}
-
-# Pillow's integer filter codes, which torchvision also still accepts.
-_MODES_BY_PIL_CODE = {
-    0: InterpolationMode.NEAREST,
-    2: InterpolationMode.BILINEAR,
-    3: InterpolationMode.BICUBIC,
-    4: InterpolationMode.BOX,
-    5: InterpolationMode.HAMMING,
-    1: InterpolationMode.LANCZOS,
-}
-
-# Filters that average over the source pixels they shrink; a decoder that has
-# already averaged 2x2..8x8 blocks changes their result only slightly.
-# NEAREST picks single pixels, so a reduced decode would change *which* values
-# appear, and is never used with it.
-_AVERAGING_FILTERS = frozenset(
-    {Image.Resampling.BILINEAR, Image.Resampling.BICUBIC, Image.Resampling.BOX,
-     Image.Resampling.HAMMING, Image.Resampling.LANCZOS}
-)
-
-
-def _interpolation_mode(value: Any) -> InterpolationMode:
-    """Accept our enum, torchvision's enum (by value), its string value, or a Pillow code."""
-    if isinstance(value, InterpolationMode):
-        return value
-    if isinstance(value, Enum):  # e.g. torchvision.transforms.InterpolationMode
-        value = value.value
-    if isinstance(value, str):
-        try:
-            return InterpolationMode(value)
-        except ValueError:
-            pass
-    elif isinstance(value, numbers.Integral):
-        if int(value) in _MODES_BY_PIL_CODE:
-            return _MODES_BY_PIL_CODE[int(value)]
-        # torchvision looks Pillow codes up in a dict: KeyError.
-        raise KeyError(f"interpolation {value!r} is not a Pillow filter code "
-                       f"(one of {sorted(_MODES_BY_PIL_CODE)})")
-    names = ", ".join(mode.value for mode in InterpolationMode)
-    raise TypeError(f"interpolation must be an InterpolationMode (one of {names}) "
-                    f"or a Pillow filter code, got {value!r}")
 
 
 def _setup_size(size: Any, error_msg: str) -> Any:
@@ -174,7 +110,7 @@ class RegionPlan:
         wide; while that is still at least the output width (and likewise for
         height) the result differs from a full decode only by resampling error.
         """
-        if self.resample not in _AVERAGING_FILTERS or self.is_empty:
+        if self.resample not in AVERAGING_FILTERS or self.is_empty:
             return 1
         left, top, right, bottom = self.box
         out_width, out_height = self.size
@@ -275,7 +211,7 @@ class Resize:
         _warn_if_antialias_off(antialias, "Resize")
         self.size = size
         self.max_size = max_size
-        self.interpolation = _interpolation_mode(interpolation)
+        self.interpolation = interpolation_mode(interpolation)
         self.antialias = antialias
 
     def output_size(self, width: int, height: int) -> tuple[int, int]:
@@ -296,7 +232,7 @@ class Resize:
     def plan_region(self, width: int, height: int) -> RegionPlan:
         """The whole image, resampled to ``output_size``; draws no randomness."""
         return RegionPlan((0, 0, width, height), self.output_size(width, height),
-                          _PIL_FILTERS[self.interpolation])
+                          PIL_FILTERS[self.interpolation])
 
     def __call__(self, img: Image.Image) -> Image.Image:
         img = _require_pil(img, "Resize")
@@ -417,7 +353,7 @@ class RandomResizedCrop:
         if scale[0] > scale[1] or ratio[0] > ratio[1]:
             warnings.warn("Scale and ratio should be of kind (min, max)", UserWarning, stacklevel=2)
         _warn_if_antialias_off(antialias, "RandomResizedCrop")
-        self.interpolation = _interpolation_mode(interpolation)
+        self.interpolation = interpolation_mode(interpolation)
         self.antialias = antialias
         self.scale = scale
         self.ratio = ratio
@@ -434,7 +370,7 @@ class RandomResizedCrop:
         top, left, h, w = _sample_crop_box(width, height, self.scale, self.ratio)
         out_height, out_width = (int(v) for v in self.size)
         return RegionPlan((left, top, left + w, top + h), (out_width, out_height),
-                          _PIL_FILTERS[self.interpolation])
+                          PIL_FILTERS[self.interpolation])
 
     def __call__(self, img: Image.Image) -> Image.Image:
         img = _require_pil(img, "RandomResizedCrop")
