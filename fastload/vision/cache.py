@@ -63,7 +63,7 @@ from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes, 
 from .cache_verified import VerifiedEntries
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
-from .resample import fusable, resize_rgb_bytes_to_chw
+from .resample import fusable, pillow_memory, resize_rgb_bytes_to_chw
 from .interpolation import PIL_FILTERS
 
 __all__ = ["DecodedImageCache", "make_image_cache", "cached_size", "CACHE_FORMATS"]
@@ -386,14 +386,11 @@ def _own_entry(record: Any, stem: str) -> Entry:
 def _packed_rgb(img: Image.Image) -> tuple[np.ndarray, int] | None:
     """An RGB image's packed pixels and their ``data_checksum``, in one copy out of
     Pillow's memory (``_core.pack_rgb_arrow``); None where Pillow cannot lend it
-    (an older Pillow, an image in several blocks of memory)."""
-    export = getattr(img, "__arrow_c_array__", None)
-    if export is None:
+    (``resample.pillow_memory``)."""
+    lent = pillow_memory(img)
+    if lent is None:
         return None
-    try:
-        schema, array = export()
-    except (ValueError, TypeError, OSError, NotImplementedError):
-        return None
+    schema, array = lent
     pixels = img.width * img.height
     out = np.empty(3 * pixels, dtype=np.uint8)
     total = _core.pack_rgb_arrow(schema, array, pixels, out)

@@ -27,7 +27,7 @@ Pillow changes speed, never pixels.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
@@ -102,18 +102,28 @@ def resize_to_chw(img: Image.Image, size: tuple[int, int], resample: int,
     return _resize(img, size, resample, box, flip, pass_order())
 
 
-def _resize_in_pillow_memory(img: Image.Image, size: tuple[int, int], resample: int,
-                             box: tuple[float, float, float, float] | None, flip: bool
-                             ) -> np.ndarray | None:
-    """``resize_to_chw`` read where Pillow keeps the pixels (its Arrow export, no copy);
-    None where Pillow does not lend them (an older Pillow, several memory blocks)."""
+def pillow_memory(img: Image.Image) -> tuple[Any, Any] | None:
+    """Pillow's own pixel memory, lent through its Arrow export (schema, array
+    capsules); None where Pillow cannot lend it (an older Pillow, an image in
+    several blocks of memory)."""
     export = getattr(img, "__arrow_c_array__", None)
     if export is None:
         return None
     try:
-        schema, array = export()
+        return export()
     except (ValueError, TypeError, OSError, NotImplementedError):
         return None
+
+
+def _resize_in_pillow_memory(img: Image.Image, size: tuple[int, int], resample: int,
+                             box: tuple[float, float, float, float] | None, flip: bool
+                             ) -> np.ndarray | None:
+    """``resize_to_chw`` read where Pillow keeps the pixels (its Arrow export, no copy);
+    None where Pillow does not lend them."""
+    lent = pillow_memory(img)
+    if lent is None:
+        return None
+    schema, array = lent
     width, height = img.size
     out_width, out_height = size
     return _core.resize_arrow_rgb_to_chw(
