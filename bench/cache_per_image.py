@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from fastload import bench as fb
+from fastload import cli as fb
 from fastload.rng import seed_transform_rng
 from fastload.vision import ImageFolder
 
