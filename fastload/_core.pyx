@@ -6,8 +6,8 @@ own, but built as one extension module so the kernels share a single import:
 
 * ``_shared.pxi``, included first: what more than one kernel uses, written
   once (numpy's dimension limit, prefetching, a gather's row check).
-* ``_random.pxi``: the PRNG and the index streams (permutation, bounded and
-  weighted draws).
+* ``_random.pxi``: the PRNG and the index streams (permutation, bounded
+  draws); ``_weighted.pxi``, after it: weighted draws (alias tables).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
   collate-into-buffer copies.
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
@@ -32,6 +32,7 @@ own, but built as one extension module so the kernels share a single import:
 
 include "_kernels/_shared.pxi"
 include "_kernels/_random.pxi"
+include "_kernels/_weighted.pxi"
 include "_kernels/_copy.pxi"
 include "_kernels/_pad.pxi"
 include "_kernels/_buckets.pxi"
