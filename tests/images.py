@@ -46,3 +46,11 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> str:
     with open(path, "wb") as f:
         f.write(data)
     return os.fspath(path)
+
+
+def save_folder(root: str | os.PathLike, files: list) -> str:
+    """An image folder of ``(class, file name, (width, height))`` entries, the
+    i-th image drawn with seed i; its root, as a string."""
+    for seed, (label, name, size) in enumerate(files):
+        save_image(os.path.join(os.fspath(root), label, name), size=size, seed=seed)
+    return os.fspath(root)

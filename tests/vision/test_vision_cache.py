@@ -27,7 +27,7 @@ from fastload.rng import seed_transform_rng
 from fastload.vision import DatasetFolder, ImageFolder, cache_store
 from fastload.vision import transforms as T
 from fastload.vision.cache import DecodedImageCache, cached_size
-from images import save_image
+from images import save_folder, save_image
 from paths import REPO_DIR, TESTS_DIR
 
 HERE, ROOT = TESTS_DIR, REPO_DIR
@@ -41,10 +41,7 @@ SIDE = 64
 
 @pytest.fixture
 def folder(tmp_path):
-    root = tmp_path / "images"
-    for seed, (label, name, size) in enumerate(FILES):
-        save_image(root / label / name, size=size, seed=seed)
-    return str(root)
+    return save_folder(tmp_path / "images", FILES)
 
 
 @pytest.fixture

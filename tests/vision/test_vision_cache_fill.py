@@ -13,7 +13,7 @@ from fastload.vision import ImageFolder
 from fastload.vision import cache as cache_module
 from fastload.vision.cache_store import Entry, data_checksum
 from fastload.vision.cache_verified import VerifiedEntries
-from images import save_image
+from images import save_folder
 
 SIDE = 64
 FILES = [("a", "0.jpg", (40, 30)), ("a", "1.png", (64, 48)), ("a", "2.jpg", (150, 100)),
@@ -22,10 +22,7 @@ FILES = [("a", "0.jpg", (40, 30)), ("a", "1.png", (64, 48)), ("a", "2.jpg", (150
 
 @pytest.fixture
 def folder(tmp_path):
-    root = tmp_path / "images"
-    for seed, (label, name, size) in enumerate(FILES):
-        save_image(root / label / name, size=size, seed=seed)
-    return str(root)
+    return save_folder(tmp_path / "images", FILES)
 
 
 def data_files(cache) -> dict[str, bytes]:
