@@ -424,14 +424,15 @@ def main(argv: list[str] | None = None) -> int:
                                           options.epochs)))
         return 0
 
-    results = []
+    results, load_at_start = [], os.getloadavg()[0]
     for name in options.workloads:
         for workers in options.workers:
             result = measure(name, workers, options.rounds, options.image_root, options.epochs)
             results.append(result)
             print(table([result]).splitlines()[-1], flush=True)
     command = "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = (f"## Loader\n\n`{command.strip()}` on {machine()}.\n"
+    text = (f"## Loader\n\n`{command.strip()}` on {machine()}; 1-minute load average "
+            f"{load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n"
             f"Median of {options.rounds} rotated rounds (fastload, torch, pipeline, side by side; "
             f"then torch, pipeline, side by side, fastload; ...) after a warm-up round. Each round is a fresh process that imports only "
             f"its own library and iterates one DataLoader for {options.epochs} epochs (new workers "

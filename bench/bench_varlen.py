@@ -11,6 +11,11 @@ its slice.  Batch 64, 2 workers, new workers every epoch (both loaders' default)
 * torch: ``DataLoader(shuffle=True, batch_size=64, collate_fn=<pad_sequence collate>)``,
   the everyday way: random batches padded in the worker, then sent to the main
   process through torch's shared-memory tensors.
+* torch-bucket: torch's DataLoader given the very batches fastload's
+  ``BucketBatchSampler`` draws (as a ``batch_sampler`` list, made in the child
+  before its clock starts) and the same Python padding collate: the same work as
+  fastload's row, so ``fastload / torch-bucket`` is the loader's own ratio and
+  ``fastload / torch`` mixes in the batching policy.
 
 Each round is a fresh child process that imports only its own library and loads
 ``--epochs`` epochs; samples/s is the median over rounds of each round's best epoch
@@ -103,12 +108,46 @@ def torch_loader(dataset: Sequences):
     return loader, counts
 
 
+def bucket_batches(lengths: np.ndarray, epochs: int) -> list[list[list[int]]]:
+    """Each epoch's batches as fastload's BucketBatchSampler draws them (for torch-bucket)."""
+    from fastload.sampler import BucketBatchSampler
+
+    sampler = BucketBatchSampler(lengths, BATCH, generator=0)
+    epochs_batches = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        epochs_batches.append([[int(i) for i in batch] for batch in sampler])
+    return epochs_batches
+
+
+def torch_bucket_loaders(dataset: Sequences, epochs: int):
+    """One torch DataLoader per epoch over that epoch's bucketed batches."""
+    import torch
+
+    loaders = [torch.utils.data.DataLoader(dataset, batch_sampler=batches,
+                                           collate_fn=torch_pad_collate, num_workers=WORKERS)
+               for batches in bucket_batches(dataset.lengths, epochs)]
+
+    def counts(batch):
+        padded, lengths, labels = batch
+        return padded.numel(), int(lengths.sum()), len(labels)
+
+    return loaders, counts
+
+
+LIBRARIES = ("fastload", "torch", "torch-bucket")
+
+
 def child(library: str, epochs: int) -> None:
     dataset = Sequences(make_lengths())
+    if library == "torch-bucket":
+        loaders, counts = torch_bucket_loaders(dataset, epochs)
+    else:
+        loader, counts = (fastload_loader if library == "fastload" else torch_loader)(dataset)
+        loaders = [loader] * epochs
     start_times = os.times()
-    loader, counts = (fastload_loader if library == "fastload" else torch_loader)(dataset)
     rates, padded_total, real_total, batches = [], 0, 0, 0
-    for epoch in range(epochs):
+    for epoch, loader in enumerate(loaders):
         if hasattr(loader.batch_sampler, "set_epoch"):
             loader.batch_sampler.set_epoch(epoch)
         start = time.perf_counter()
@@ -120,7 +159,7 @@ def child(library: str, epochs: int) -> None:
             samples += count
             batches += 1
         rates.append(samples / (time.perf_counter() - start))
-    del loader, batch
+    del loader, loaders, batch
     gc.collect()  # the last epoch's workers are reaped, so os.times() counts them
     end_times = os.times()
     cpu = sum(end_times[i] - start_times[i] for i in range(4))  # user, system; self, children
@@ -139,20 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2, help="epochs per round (the first "
                         "is not timed)")
-    parser.add_argument("--child", choices=["fastload", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=LIBRARIES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(args.child, args.epochs)
         return 0
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first epoch is not timed)")
-    results: dict[str, list[dict]] = {"fastload": [], "torch": []}
+    load_at_start = os.getloadavg()
+    results: dict[str, list[dict]] = {library: [] for library in LIBRARIES}
     for round_no in range(args.rounds):
-        order = ["fastload", "torch"] if round_no % 2 == 0 else ["torch", "fastload"]
-        for library in order:
+        shift = round_no % len(LIBRARIES)
+        for library in LIBRARIES[shift:] + LIBRARIES[:shift]:
             results[library].append(run_round(library, args.epochs))
             best = max(results[library][-1]["rates"][1:])
-            print(f"round {round_no + 1} {library:8s} {best:>10,.0f} samples/s", flush=True)
+            print(f"round {round_no + 1} {library:12s} {best:>10,.0f} samples/s", flush=True)
     rate = {lib: statistics.median(max(r["rates"][1:]) for r in runs)
             for lib, runs in results.items()}
     waste = {lib: statistics.median(r["waste"] for r in runs) for lib, runs in results.items()}
@@ -165,9 +205,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{cpu['fastload']:,.0f} | {waste['fastload']:.1%} |")
     print(f"| torch random batches + pad_sequence collate | {rate['torch']:,.0f} | "
           f"{cpu['torch']:,.0f} | {waste['torch']:.1%} |")
-    print(f"\nfastload / torch: **{rate['fastload'] / rate['torch']:.2f}x** samples/s, "
-          f"{cpu['torch'] / cpu['fastload']:.2f}x less CPU per batch "
-          f"({os.cpu_count()} CPUs, {args.rounds} rounds of {args.epochs} epochs)")
+    print(f"| torch, fastload's bucketed batches + pad_sequence collate | "
+          f"{rate['torch-bucket']:,.0f} | {cpu['torch-bucket']:,.0f} | "
+          f"{waste['torch-bucket']:.1%} |")
+    print(f"\nfastload / torch-bucket (the same batches: the loader alone): "
+          f"**{rate['fastload'] / rate['torch-bucket']:.2f}x** samples/s, "
+          f"{cpu['torch-bucket'] / cpu['fastload']:.2f}x less CPU per batch")
+    print(f"fastload / torch (bucketing policy and loader together): "
+          f"**{rate['fastload'] / rate['torch']:.2f}x** samples/s, "
+          f"{cpu['torch'] / cpu['fastload']:.2f}x less CPU per batch")
+    print(f"({os.cpu_count()} CPUs, {args.rounds} rounds of {args.epochs} epochs, rotated; "
+          f"load average {load_at_start[0]:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end)")
     return 0
 
 

@@ -63,7 +63,8 @@ def measure_and_report(options: Any) -> int:
     print(f"fastload bench: {root}\n  {origin}; {count} of {len(folder)} images in "
           f"{len(folder.classes)} classes; pipeline RandomResizedCrop({CROP_SIZE}), "
           f"RandomHorizontalFlip, to uint8 CHW; batch {options.batch_size}, "
-          f"{options.workers} workers, {options.epochs} epoch(s) x {rounds} round(s)", flush=True)
+          f"{options.workers} workers, {options.epochs} epoch(s) x {rounds} round(s); "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
 
     common = dict(max_images=options.max_images, seed=options.seed, decode=options.decode)
     if getattr(options, "cache", None) is not None:
