@@ -17,7 +17,7 @@ import codecs
 import pickle
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["opcodes"]
 
@@ -26,7 +26,7 @@ _UINT2, _INT4, _UINT4, _UINT8 = struct.Struct("<H"), struct.Struct("<i"), struct
 _FLOAT8 = struct.Struct(">d")
 
 
-def _fail(message: str, pos: int) -> None:
+def _fail(message: str, pos: int) -> NoReturn:
     raise pickle.UnpicklingError(f"byte {pos}: {message}")
 
 

@@ -342,8 +342,10 @@ def _check_plain(result: Any) -> None:
             _refuse(f"a {type(obj).__name__.strip('_').lower()} inside a tuple is not a value "
                     f"this reader makes")
         if isinstance(obj, (list, tuple, dict)) and id(obj) not in seen:
-            seen.add(id(obj))
-            todo.extend(obj.items() if isinstance(obj, dict) else obj)
+            seen.add(id(obj))  # every container stays alive in the result: ids stay unique
+            todo.extend(obj)
+            if isinstance(obj, dict):
+                todo.extend(obj.values())
 
 
 def read_plain_pickle(data: bytes) -> Any:

@@ -317,3 +317,11 @@ def test_meta_file_names_must_be_strings(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="'label_names' must be a list of strings") as error:
         CIFAR10(tmp_path, train=False)
     assert "batches.meta" in str(error.value)
+
+
+def test_a_symbol_in_a_tuple_among_many_dict_entries_is_found():
+    # Tuples holding a dtype, deep among a dict's entries: the check must reach each.
+    entries = b"".join(_str(f"k{i}") + b"K\x01" for i in range(50))
+    data = b"\x80\x02}(" + entries + _str("last") + U1 + b"\x85u."
+    with pytest.raises(pickle.UnpicklingError, match="inside a tuple"):
+        read_plain_pickle(data)
