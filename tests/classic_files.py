@@ -247,6 +247,14 @@ def tar_gz(folder: str, files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+def install_cifar(cls, root, files: dict[str, bytes], monkeypatch) -> None:
+    """Writes ``files`` under ``root/cls.base_folder`` and sets the class's MD5 table to
+    them, as a user with a local copy would set it."""
+    write_files(os.path.join(root, cls.base_folder), files)
+    for name, value in cifar_lists(cls, files).items():
+        monkeypatch.setattr(cls, name, value)
+
+
 def cifar_lists(cls, files: dict[str, bytes]) -> dict:
     """Class attributes ``train_list``, ``test_list`` and ``meta`` with these files' MD5s."""
     return {

@@ -24,7 +24,7 @@ import pytest
 
 from fastload.vision import CIFAR10, CIFAR100
 from fastload.vision.plain_pickle import read_plain_pickle
-from classic_files import (cifar10_files, cifar100_files, cifar_lists, image_from_row,
+from classic_files import (cifar10_files, cifar100_files, image_from_row, install_cifar,
                            python2_pickle, write_files)
 from paths import REPO_DIR
 
@@ -82,12 +82,9 @@ def test_published_form_reads_bit_identically(make):
 
 
 def test_published_form_through_the_datasets(tmp_path, monkeypatch):
-    for cls, make, folder in ((CIFAR10, cifar10_files, "cifar-10-batches-py"),
-                              (CIFAR100, cifar100_files, "cifar-100-python")):
+    for cls, make in ((CIFAR10, cifar10_files), (CIFAR100, cifar100_files)):
         files, truth = make(python2=True)
-        write_files(tmp_path / folder, files)
-        for name, value in cifar_lists(cls, files).items():
-            monkeypatch.setattr(cls, name, value)
+        install_cifar(cls, tmp_path, files, monkeypatch)
         ds = cls(tmp_path, train=False)
         rows, labels = truth["test"]
         assert ds.targets == labels and len(ds) == len(rows)
@@ -283,9 +280,7 @@ def test_object_dtype_batch_is_refused_not_run(tmp_path, target):
 def test_crafted_batches_raise_value_error_naming_the_file(tmp_path, monkeypatch, name):
     files, _ = cifar10_files()
     files["data_batch_3"] = CRAFTED[name][0]
-    write_files(tmp_path / "cifar-10-batches-py", files)
-    for key, value in cifar_lists(CIFAR10, files).items():
-        monkeypatch.setattr(CIFAR10, key, value)
+    install_cifar(CIFAR10, tmp_path, files, monkeypatch)
     with pytest.raises(ValueError, match="not a readable CIFAR pickle") as error:
         CIFAR10(tmp_path)
     assert str(tmp_path / "cifar-10-batches-py" / "data_batch_3") in str(error.value)
@@ -300,9 +295,7 @@ def test_crafted_batches_raise_value_error_naming_the_file(tmp_path, monkeypatch
 def test_wrong_values_in_a_batch_name_the_file(tmp_path, monkeypatch, entry, message):
     files, _ = cifar10_files()
     files["test_batch"] = pickle.dumps(entry, protocol=2)
-    write_files(tmp_path / "cifar-10-batches-py", files)
-    for key, value in cifar_lists(CIFAR10, files).items():
-        monkeypatch.setattr(CIFAR10, key, value)
+    install_cifar(CIFAR10, tmp_path, files, monkeypatch)
     with pytest.raises(ValueError, match=message) as error:
         CIFAR10(tmp_path, train=False)
     assert "test_batch" in str(error.value)
@@ -311,9 +304,7 @@ def test_wrong_values_in_a_batch_name_the_file(tmp_path, monkeypatch, entry, mes
 def test_meta_file_names_must_be_strings(tmp_path, monkeypatch):
     files, _ = cifar10_files()
     files["batches.meta"] = pickle.dumps({"label_names": [1, 2]}, protocol=2)
-    write_files(tmp_path / "cifar-10-batches-py", files)
-    for key, value in cifar_lists(CIFAR10, files).items():
-        monkeypatch.setattr(CIFAR10, key, value)
+    install_cifar(CIFAR10, tmp_path, files, monkeypatch)
     with pytest.raises(ValueError, match="'label_names' must be a list of strings") as error:
         CIFAR10(tmp_path, train=False)
     assert "batches.meta" in str(error.value)
