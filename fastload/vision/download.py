@@ -213,8 +213,9 @@ def _unpack_members(from_path: str, to_dir: str, staging: str) -> None:
                 destination = os.path.realpath(os.path.join(root, name))
                 if os.path.isabs(name) or ".." in parts \
                         or os.path.commonpath([root, destination]) != root:
-                    raise RuntimeError(f"{from_path}: member {name!r} would be extracted outside "
-                                       f"{to_dir}; refusing the archive, nothing was extracted")
+                    raise RuntimeError(f"{from_path}: member {name!r} is absolute or climbs with "
+                                       f"'..', and could land outside {to_dir}; refusing the "
+                                       f"archive, nothing was extracted")
                 if not (member.isdir() or member.isfile()):
                     raise RuntimeError(f"{from_path}: member {name!r} is not a regular file or "
                                        f"directory; refusing the archive, nothing was extracted")

@@ -10,8 +10,9 @@ dicts; numpy arrays and scalars of a plain numeric dtype (bool, int, uint,
 float, complex), from the forms numpy pickles them in; and protocol 2's bytes
 (``_codecs.encode(text, "latin1")``).  An array's bytes are checked against
 its shape before anything is allocated, so nothing built is larger than the
-bytes it came from.  Anything else raises ``pickle.UnpicklingError`` naming
-the opcode and its byte offset.
+bytes it came from (the memo is a dict: pickle's own C unpickler sizes its
+memo from an index the file gives, gigabytes for a 10-byte file).  Anything
+else raises ``pickle.UnpicklingError`` naming the opcode and its byte offset.
 """
 
 from __future__ import annotations

@@ -228,6 +228,16 @@ def test_every_truncation_and_byte_flip_is_an_unpickling_error_or_a_value():
                     pass
 
 
+def test_a_large_memo_index_allocates_nothing():
+    # LONG_BINPUT 2**28: pickle's C unpickler would size its memo to 2**29 slots.
+    tracemalloc.start()
+    try:
+        assert read_plain_pickle(b"\x80\x02K\x01r\x00\x00\x00\x10.") == 1
+        assert tracemalloc.get_traced_memory()[1] < 100_000
+    finally:
+        tracemalloc.stop()
+
+
 def test_deep_and_recursive_structures_do_not_exhaust_the_stack():
     deep = b"\x80\x02" + b"]" * 30_000 + b"a" * 29_999 + b"."
     value = read_plain_pickle(deep)
