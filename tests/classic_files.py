@@ -10,7 +10,9 @@ Written from the format descriptions, not from fastload's code:
   row by row, then the 1024 green, then the 1024 blue; ``labels`` (CIFAR-10)
   or ``fine_labels`` and ``coarse_labels`` (CIFAR-100); the meta file has
   ``label_names`` (CIFAR-10) or ``fine_label_names`` and
-  ``coarse_label_names`` (CIFAR-100).
+  ``coarse_label_names`` (CIFAR-100).  The published files were written by
+  Python 2's cPickle, protocol 2, with numpy 1's arrays: ``python2_pickle``
+  writes that form opcode by opcode (str as Python 2's byte strings).
 """
 
 from __future__ import annotations
@@ -101,12 +103,90 @@ def _keyed(entry: dict, bytes_keys: bool) -> dict:
     return {k.encode() if bytes_keys else k: v for k, v in entry.items()}
 
 
-def pickle_bytes(entry: dict, bytes_keys: bool = False) -> bytes:
-    return pickle.dumps(_keyed(entry, bytes_keys), protocol=2)
+class _Python2Pickler:
+    """Protocol 2 as Python 2's cPickle writes it, for str (a byte string there), int,
+    list, dict and numpy 1's ndarray; every container and string memoized (BINPUT)."""
+
+    def __init__(self) -> None:
+        self.out = [b"\x80\x02"]
+        self.memo = 0
+
+    def put(self) -> None:
+        self.memo += 1
+        self.out.append(b"q" + bytes([self.memo]) if self.memo < 256
+                        else b"r" + struct.pack("<I", self.memo))
+
+    def string(self, data: bytes) -> None:
+        self.out.append(b"U" + bytes([len(data)]) + data if len(data) < 256
+                        else b"T" + struct.pack("<i", len(data)) + data)
+        self.put()
+
+    def integer(self, value: int) -> None:
+        self.out.append(b"K" + bytes([value]) if 0 <= value < 256 else
+                        b"M" + struct.pack("<H", value) if 0 <= value < 65536 else
+                        b"J" + struct.pack("<i", value))
+
+    def batched(self, items: list, opcode: bytes) -> None:
+        for start in range(0, len(items), 1000):  # cPickle's batch of APPENDS/SETITEMS
+            self.out.append(b"(")
+            for item in items[start:start + 1000]:
+                self.value(item)
+            self.out.append(opcode)
+
+    def array(self, array: np.ndarray) -> None:
+        self.out.append(b"cnumpy.core.multiarray\n_reconstruct\n")
+        self.put()
+        self.out.append(b"cnumpy\nndarray\n")
+        self.put()
+        self.out.append(b"K\x00\x85U\x01b\x87R")
+        self.put()
+        self.out.append(b"(K\x01")
+        for d in array.shape:
+            self.integer(d)
+        self.out.append({1: b"\x85", 2: b"\x86", 3: b"\x87"}[array.ndim])
+        self.out.append(b"cnumpy\ndtype\n")
+        self.put()
+        self.string(array.dtype.str[1:].encode())
+        self.out.append(b"K\x00K\x01\x87R")
+        self.put()
+        self.out.append(b"(K\x03U\x01" + array.dtype.str[:1].encode()
+                        + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89")
+        self.string(array.tobytes())
+        self.out.append(b"tb")
+
+    def value(self, value) -> None:
+        if isinstance(value, str):
+            self.string(value.encode("latin-1"))
+        elif isinstance(value, int):
+            self.integer(value)
+        elif isinstance(value, list):
+            self.out.append(b"]")
+            self.put()
+            self.batched(value, b"e")
+        elif isinstance(value, dict):
+            self.out.append(b"}")
+            self.put()
+            self.batched([part for item in value.items() for part in item], b"u")
+        elif isinstance(value, np.ndarray):
+            self.array(value)
+        else:
+            raise TypeError(f"no Python 2 form for {type(value).__name__}")
 
 
-def cifar10_files(n_per_batch: int = 6, n_test: int = 5, seed: int = 1, bytes_keys: bool = False
-                  ) -> tuple[dict[str, bytes], dict]:
+def python2_pickle(value) -> bytes:
+    pickler = _Python2Pickler()
+    pickler.value(value)
+    return b"".join(pickler.out) + b"."
+
+
+def pickle_bytes(entry: dict, bytes_keys: bool = False, python2: bool = False) -> bytes:
+    """A batch pickled as Python 3 writes protocol 2, or as the published files hold it."""
+    return python2_pickle(entry) if python2 else pickle.dumps(_keyed(entry, bytes_keys),
+                                                              protocol=2)
+
+
+def cifar10_files(n_per_batch: int = 6, n_test: int = 5, seed: int = 1, bytes_keys: bool = False,
+                  python2: bool = False) -> tuple[dict[str, bytes], dict]:
     """The files of ``cifar-10-batches-py`` (name -> bytes), and what they hold."""
     rng = np.random.default_rng(seed)
     files, truth = {}, {"train": ([], []), "test": ([], [])}
@@ -116,17 +196,17 @@ def cifar10_files(n_per_batch: int = 6, n_test: int = 5, seed: int = 1, bytes_ke
         labels = [int(v) for v in rng.integers(0, 10, count)]
         files[name] = pickle_bytes({"batch_label": name, "data": rows, "labels": labels,
                                     "filenames": [f"{name}_{i}.png" for i in range(count)]},
-                                   bytes_keys)
+                                   bytes_keys, python2)
         split = truth["test" if name == "test_batch" else "train"]
         split[0].extend(rows)
         split[1].extend(labels)
     files["batches.meta"] = pickle_bytes({"label_names": CIFAR10_NAMES, "num_cases_per_batch":
-                                          n_per_batch, "num_vis": 3072}, bytes_keys)
+                                          n_per_batch, "num_vis": 3072}, bytes_keys, python2)
     return files, truth
 
 
-def cifar100_files(n_train: int = 14, n_test: int = 6, seed: int = 2, bytes_keys: bool = False
-                   ) -> tuple[dict[str, bytes], dict]:
+def cifar100_files(n_train: int = 14, n_test: int = 6, seed: int = 2, bytes_keys: bool = False,
+                   python2: bool = False) -> tuple[dict[str, bytes], dict]:
     rng = np.random.default_rng(seed)
     files, truth = {}, {}
     for name, count in (("train", n_train), ("test", n_test)):
@@ -135,12 +215,12 @@ def cifar100_files(n_train: int = 14, n_test: int = 6, seed: int = 2, bytes_keys
         coarse = [f // 5 for f in fine]
         files[name] = pickle_bytes({"filenames": [f"{i}.png" for i in range(count)],
                                     "batch_label": name, "fine_labels": fine,
-                                    "coarse_labels": coarse, "data": rows}, bytes_keys)
+                                    "coarse_labels": coarse, "data": rows}, bytes_keys, python2)
         truth[name] = (list(rows), fine)
     fine_names = [f"fine_{i:02d}" for i in range(100)]
     files["meta"] = pickle_bytes({"fine_label_names": fine_names,
                                   "coarse_label_names": [f"coarse_{i}" for i in range(20)]},
-                                 bytes_keys)
+                                 bytes_keys, python2)
     truth["classes"] = fine_names
     return files, truth
 
@@ -165,6 +245,14 @@ def tar_gz(folder: str, files: dict[str, bytes]) -> bytes:
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def install_cifar(cls, root, files: dict[str, bytes], monkeypatch) -> None:
+    """Writes ``files`` under ``root/cls.base_folder`` and sets the class's MD5 table to
+    them, as a user with a local copy would set it."""
+    write_files(os.path.join(root, cls.base_folder), files)
+    for name, value in cifar_lists(cls, files).items():
+        monkeypatch.setattr(cls, name, value)
 
 
 def cifar_lists(cls, files: dict[str, bytes]) -> dict:

@@ -9,9 +9,10 @@ with ``labels`` (or ``fine_labels``); keys may be str or bytes.  ``data`` is a
 uint8 ``(N, 32, 32, 3)`` array, ``targets`` a list of ints, and a sample is
 ``(PIL image of mode "RGB", int)`` before transforms.
 
-The pickles are read by an unpickler that admits only what such a batch holds
-(numpy arrays, dtypes and scalars, and Python's own types), so a file that
-names anything else is refused instead of run.
+The pickles are read opcode by opcode (``plain_pickle``), never run: plain
+Python values and numpy arrays of numeric dtypes are built, anything else
+(another global, an object or structured dtype, an array claiming more bytes
+than the file holds) raises ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
@@ -26,49 +27,27 @@ from PIL import Image
 
 from .download import calculate_md5, check_integrity, download_and_extract_archive
 from .image_batches import InMemoryImages
+from .plain_pickle import read_plain_pickle
 
 __all__ = ["CIFAR10", "CIFAR100"]
 
 
-def _numpy_global(module: str, name: str) -> Any:
-    import importlib
-    return getattr(importlib.import_module(module), name)
-
-
-# (module, name) a CIFAR pickle may name -> where numpy keeps it now.  numpy 1
-# pickled its arrays as numpy.core.multiarray._reconstruct, numpy 2 as numpy._core...
-_CORE = "numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray"
-_ALLOWED = {
-    ("numpy", "ndarray"): lambda: np.ndarray,
-    ("numpy", "dtype"): lambda: np.dtype,
-    ("numpy.core.multiarray", "_reconstruct"): lambda: _numpy_global(_CORE, "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"): lambda: _numpy_global(_CORE, "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"): lambda: _numpy_global(_CORE, "scalar"),
-    ("numpy._core.multiarray", "scalar"): lambda: _numpy_global(_CORE, "scalar"),
-    ("_codecs", "encode"): lambda: _numpy_global("_codecs", "encode"),  # bytes, in protocol 2
-}
-
-
-class _BatchUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        found = _ALLOWED.get((module, name))
-        if found is None:
-            raise pickle.UnpicklingError(f"refusing global {module}.{name}: a CIFAR batch holds "
-                                         f"only numpy arrays and Python values")
-        return found()
-
-
 def load_batch(path: str) -> dict[str, Any]:
-    """A CIFAR pickle as a dict with str keys (latin-1 for Python 2's strings, as torchvision)."""
+    """A CIFAR pickle as a dict with str keys (latin-1 for Python 2's strings, as torchvision).
+
+    Read by ``read_plain_pickle``, which runs nothing from the file; a file that
+    is not made of plain values and numeric arrays raises ``ValueError`` naming it.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
     try:
-        with open(path, "rb") as f:
-            entry = _BatchUnpickler(f, encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            IndexError, KeyError) as error:
-        raise ValueError(f"{path}: not a readable CIFAR pickle ({type(error).__name__}: "
-                         f"{error})") from error
+        entry = read_plain_pickle(data)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path}: not a readable CIFAR pickle ({error})") from error
     if not isinstance(entry, dict):
         raise ValueError(f"{path}: a CIFAR pickle holds a dict, found {type(entry).__name__}")
+    if not all(isinstance(key, (str, bytes)) for key in entry):
+        raise ValueError(f"{path}: a CIFAR pickle's keys are strings")
     return {(key.decode("latin1") if isinstance(key, bytes) else key): value
             for key, value in entry.items()}
 
@@ -85,7 +64,11 @@ def _batch_arrays(path: str) -> tuple[np.ndarray, list]:
     labels = entry["labels"] if "labels" in entry else entry.get("fine_labels")
     if labels is None:
         raise ValueError(f"{path}: no 'labels' or 'fine_labels' (keys: {sorted(entry)})")
+    if not isinstance(labels, (list, tuple, np.ndarray)):
+        raise ValueError(f"{path}: labels must be a list of ints, found {type(labels).__name__}")
     labels = list(labels)
+    if not all(isinstance(label, (int, np.integer)) for label in labels):
+        raise ValueError(f"{path}: labels must be ints")
     if len(labels) != len(data):
         raise ValueError(f"{path}: {len(labels)} labels for {len(data)} images")
     return data, labels
@@ -158,8 +141,12 @@ class CIFAR10(InMemoryImages):
         key = self.meta["key"]
         if key not in entry:
             raise ValueError(f"{path}: no {key!r} (keys: {sorted(entry)})")
+        names = entry[key]
+        if not isinstance(names, (list, tuple)) or not all(
+                isinstance(name, (str, bytes)) for name in names):
+            raise ValueError(f"{path}: {key!r} must be a list of strings")
         self.classes = [name.decode("utf-8", "replace") if isinstance(name, bytes) else name
-                        for name in entry[key]]
+                        for name in names]
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:

@@ -5,7 +5,9 @@ torchvision's helpers by name (``check_integrity``, ``download_url``,
 every file is written under a temporary name in its own directory, flushed to
 disk, checked (MD5, gzip's CRC) and only then renamed into place, so a failed,
 interrupted or truncated download or extraction never leaves a file that
-passes for complete.  urllib only; every socket wait has a timeout.
+passes for complete.  A tar archive is all or nothing: unpacked into a
+temporary directory, moved into place only once every member has passed.
+urllib only; every socket wait has a timeout.
 """
 
 from __future__ import annotations
@@ -160,28 +162,110 @@ def _extract_gzip(from_path: str, to_path: str) -> None:
 
 
 def _extract_tar(from_path: str, to_dir: str) -> None:
-    """Regular files and directories only, each file written atomically; a member
-    that would land outside ``to_dir`` (an absolute path, ``..``) or is not a
-    file or directory (a link, a device) is refused, naming it."""
-    target = os.path.realpath(to_dir)
+    """All or nothing: every member is unpacked into a hidden temporary directory inside
+    ``to_dir`` and checked; only when all have passed are they moved into place (a file
+    at a time, each whole), and on any failure the temporary directory is removed,
+    leaving ``to_dir`` as it was."""
+    created = _missing_ancestors(to_dir)
+    os.makedirs(to_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(from_path)}.", suffix=".part",
+                               dir=to_dir)
+    try:
+        _unpack_members(from_path, to_dir, staging)
+        moves = _placements(from_path, staging, to_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for directory in created:  # deepest first; only those this call made, if still empty
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+        raise
+    try:
+        for source, destination in moves:
+            os.replace(source, destination)
+        for directory in {os.path.dirname(destination) for _, destination in moves}:
+            _fsync_directory(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _missing_ancestors(directory: str) -> list[str]:
+    """``directory`` and its parents that do not exist yet, deepest first."""
+    missing = []
+    directory = os.path.abspath(directory)
+    while not os.path.exists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing
+
+
+def _unpack_members(from_path: str, to_dir: str, staging: str) -> None:
+    """Regular files and directories only, each file flushed to disk; a member that would
+    land outside (an absolute path, ``..``) or is not a file or directory (a link, a
+    device) refuses the archive, naming it."""
+    root = os.path.realpath(staging)
     try:
         with tarfile.open(from_path, "r:*") as archive:
             for member in archive:
-                destination = os.path.realpath(os.path.join(target, member.name))
-                if os.path.commonpath([target, destination]) != target:
-                    raise RuntimeError(f"{from_path}: member {member.name!r} would be extracted "
-                                       f"outside {to_dir}; refusing the archive")
-                if member.isdir():
-                    os.makedirs(destination, exist_ok=True)
-                elif member.isfile():
-                    os.makedirs(os.path.dirname(destination), exist_ok=True)
-                    with archive.extractfile(member) as source, _atomic_file(destination) as out:
-                        shutil.copyfileobj(source, out, _CHUNK)
-                else:
-                    raise RuntimeError(f"{from_path}: member {member.name!r} is not a regular "
-                                       f"file or directory; refusing to extract it")
+                name = member.name
+                parts = name.replace("\\", "/").split("/")
+                destination = os.path.realpath(os.path.join(root, name))
+                if os.path.isabs(name) or ".." in parts \
+                        or os.path.commonpath([root, destination]) != root:
+                    raise RuntimeError(f"{from_path}: member {name!r} is absolute or climbs with "
+                                       f"'..', and could land outside {to_dir}; refusing the "
+                                       f"archive, nothing was extracted")
+                if not (member.isdir() or member.isfile()):
+                    raise RuntimeError(f"{from_path}: member {name!r} is not a regular file or "
+                                       f"directory; refusing the archive, nothing was extracted")
+                try:
+                    _unpack_member(archive, member, destination, root)
+                except OSError as error:
+                    raise RuntimeError(f"{from_path}: member {name!r} cannot be extracted "
+                                       f"({error}); nothing was extracted") from error
     except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as error:
-        raise RuntimeError(f"{from_path} is not a complete tar archive ({error})") from error
+        raise RuntimeError(f"{from_path} is not a complete tar archive ({error}); nothing "
+                           f"was extracted") from error
+
+
+def _unpack_member(archive: tarfile.TarFile, member: tarfile.TarInfo, destination: str,
+                   root: str) -> None:
+    if member.isdir():
+        os.makedirs(destination, exist_ok=True)
+        return
+    if destination == root:
+        raise IsADirectoryError(f"a file named {member.name!r} would be the archive's root")
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    with archive.extractfile(member) as source, open(destination, "wb") as out:
+        shutil.copyfileobj(source, out, _CHUNK)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _placements(from_path: str, staging: str, to_dir: str) -> list[tuple[str, str]]:
+    """The renames that put the unpacked tree into ``to_dir``: a directory new there moves
+    whole, one that exists is merged into, a file replaces a file.  A file where a
+    directory stands (or the reverse) refuses the archive before anything moves."""
+    moves, todo = [], [(staging, to_dir)]
+    while todo:  # not recursive: an archive may nest deeper than Python's stack
+        source_dir, destination_dir = todo.pop()
+        for entry in sorted(os.listdir(source_dir)):
+            source, destination = (os.path.join(source_dir, entry),
+                                   os.path.join(destination_dir, entry))
+            if not os.path.lexists(destination):
+                moves.append((source, destination))
+            elif os.path.isdir(source) != os.path.isdir(destination):
+                member = os.path.relpath(source, staging)
+                raise RuntimeError(f"{from_path}: member {member!r} would replace "
+                                   f"{destination}, which is "
+                                   f"{'not ' if os.path.isdir(source) else ''}a directory; "
+                                   f"nothing was extracted")
+            elif os.path.isdir(source):
+                todo.append((source, destination))
+            else:
+                moves.append((source, destination))
+    return moves
 
 
 def extract_archive(from_path: str | os.PathLike, to_path: str | os.PathLike | None = None,

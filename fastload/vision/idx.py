@@ -4,12 +4,16 @@ A file is a 4-byte magic number (two zero bytes, a type code, the number of
 dimensions), one big-endian int32 per dimension, then the values, big-endian,
 row-major.  Plain or gzip-compressed (``.gz``).  Anything that disagrees with
 itself (magic, type, dimensions against the bytes present) raises a
-``ValueError`` naming the file.
+``ValueError`` naming the file.  No array is allocated before the file has
+shown it holds that many bytes: an uncompressed file's size is checked
+first, a gzip stream is decompressed up to what the header declares and
+counted.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
 
@@ -22,21 +26,10 @@ _IDX_TYPES = {0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(
               0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
 
-def _open(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-def _stored_size(path: str) -> tuple[int, int]:
-    """``(size, modulus)``: the file's (decompressed) size, known modulo ``modulus``
-    (gzip keeps it mod 2**32 in its last four bytes)."""
-    if not path.endswith(".gz"):
-        return os.path.getsize(path), 0
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() < 18:  # a gzip header and trailer at least
-            raise ValueError(f"{path}: truncated gzip file ({f.tell()} bytes)")
-        f.seek(-4, os.SEEK_END)
-        return int.from_bytes(f.read(4), "little"), 1 << 32
+# Deflate codes at most 258 bytes of output per bit or so of input: no gzip stream
+# inflates to more than about 1032 times its own size.
+_DEFLATE_MAX_RATIO = 1032
+_CHUNK = 1 << 20
 
 
 def _read_exactly(f, count: int, path: str, what: str) -> bytes:
@@ -47,42 +40,85 @@ def _read_exactly(f, count: int, path: str, what: str) -> bytes:
     return data
 
 
+def _read_header(f, path: str) -> tuple[np.dtype, tuple[int, ...]]:
+    magic = _read_exactly(f, 4, path, "the magic number")
+    if magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_TYPES or not 1 <= magic[3] <= 4:
+        raise ValueError(f"{path}: not an IDX file: magic number 0x{magic.hex()} (expected "
+                         f"0x0000TTDD with a type code TT in 08, 09, 0b-0e and 1-4 "
+                         f"dimensions DD)")
+    ndim = magic[3]
+    dims = tuple(int(d) for d in np.frombuffer(
+        _read_exactly(f, 4 * ndim, path, f"{ndim} dimensions"), dtype=">i4"))
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{path}: negative dimension in IDX header {dims}")
+    return _IDX_TYPES[magic[2]], dims
+
+
+def _read_plain(f, path: str, dtype: np.dtype, dims: tuple[int, ...]) -> np.ndarray:
+    """The values of an uncompressed file, whose size is checked against the header
+    before the array is allocated."""
+    nbytes = math.prod(dims) * dtype.itemsize
+    expected, size = 4 + 4 * len(dims) + nbytes, os.path.getsize(path)
+    if expected != size:
+        raise ValueError(f"{path}: IDX dimensions {dims} of {dtype.name} disagree with the "
+                         f"file's size: {expected} bytes expected, found {size}")
+    array = np.empty(dims, dtype=dtype)
+    view = memoryview(array.reshape(-1).view(np.uint8))
+    filled = 0
+    while filled < nbytes:
+        got = f.readinto(view[filled:])
+        if not got:
+            break
+        filled += got
+    _check_length(f, path, dtype, dims, filled)
+    return array
+
+
+def _read_gzip(f, path: str, dtype: np.dtype, dims: tuple[int, ...]) -> np.ndarray:
+    """The values of a gzip file: decompressed a chunk at a time, never past what the
+    header declares, and put in an array only once the stream has delivered all of it
+    (gzip's own size field is modulo 2**32, so it cannot vouch for the header)."""
+    nbytes = math.prod(dims) * dtype.itemsize
+    bound = _DEFLATE_MAX_RATIO * os.path.getsize(path)
+    if nbytes > bound:
+        raise ValueError(f"{path}: IDX dimensions {dims} of {dtype.name} need {nbytes} bytes "
+                         f"of data, more than a {os.path.getsize(path)}-byte gzip file can "
+                         f"hold (at most {bound})")
+    chunks, delivered = [], 0
+    while delivered < nbytes:
+        chunk = f.read(min(_CHUNK, nbytes - delivered))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        delivered += len(chunk)
+    _check_length(f, path, dtype, dims, delivered)
+    array = np.empty(dims, dtype=dtype)
+    flat, filled = array.reshape(-1).view(np.uint8), 0
+    for i, chunk in enumerate(chunks):  # each chunk freed once copied
+        flat[filled:filled + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        filled += len(chunk)
+        chunks[i] = None
+    return array
+
+
+def _check_length(f, path: str, dtype: np.dtype, dims: tuple[int, ...], found: int) -> None:
+    nbytes = math.prod(dims) * dtype.itemsize
+    if found != nbytes:
+        raise ValueError(f"{path}: truncated IDX file: dimensions {dims} of {dtype.name} "
+                         f"need {nbytes} bytes of data, found {found}")
+    if f.read(1):
+        raise ValueError(f"{path}: IDX file longer than its dimensions {dims} say "
+                         f"({nbytes} bytes of data)")
+
+
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """The array stored in an IDX file (``.gz`` read through gzip), in native byte order."""
     path = os.fspath(path)
+    compressed = path.endswith(".gz")
     try:
-        with _open(path) as f:
-            magic = _read_exactly(f, 4, path, "the magic number")
-            if magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_TYPES or not 1 <= magic[3] <= 4:
-                raise ValueError(f"{path}: not an IDX file: magic number 0x{magic.hex()} (expected "
-                                 f"0x0000TTDD with a type code TT in 08, 09, 0b-0e and 1-4 "
-                                 f"dimensions DD)")
-            dtype, ndim = _IDX_TYPES[magic[2]], magic[3]
-            dims = tuple(int(d) for d in np.frombuffer(
-                _read_exactly(f, 4 * ndim, path, f"{ndim} dimensions"), dtype=">i4"))
-            if any(d < 0 for d in dims):
-                raise ValueError(f"{path}: negative dimension in IDX header {dims}")
-            # Checked before allocating, so a corrupt header cannot ask for terabytes.
-            expected = 4 + 4 * ndim + int(np.prod(dims, dtype=object)) * dtype.itemsize
-            size, modulus = _stored_size(path)
-            if (expected % modulus if modulus else expected) != size:
-                raise ValueError(f"{path}: IDX dimensions {dims} of {dtype.name} disagree with the "
-                                 f"file's size: {expected} bytes expected, "
-                                 f"{'the gzip trailer records' if modulus else 'found'} {size}")
-            array = np.empty(dims, dtype=dtype)
-            view = memoryview(array.reshape(-1).view(np.uint8))
-            filled = 0
-            while filled < array.nbytes:
-                got = f.readinto(view[filled:])
-                if not got:
-                    break
-                filled += got
-            if filled != array.nbytes:
-                raise ValueError(f"{path}: truncated IDX file: dimensions {dims} of {dtype.name} "
-                                 f"need {array.nbytes} bytes of data, found {filled}")
-            if f.read(1):
-                raise ValueError(f"{path}: IDX file longer than its dimensions {dims} say "
-                                 f"({array.nbytes} bytes of data)")
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as f:
+            dtype, dims = _read_header(f, path)
+            array = (_read_gzip if compressed else _read_plain)(f, path, dtype, dims)
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise ValueError(f"{path}: corrupt or truncated gzip data ({error})") from error
     return array.astype(dtype.newbyteorder("="), copy=False)

@@ -12,6 +12,7 @@ import gzip
 import http.server
 import io
 import os
+import shutil
 import tarfile
 import threading
 
@@ -319,3 +320,135 @@ def test_mnist_mirror_of_plain_files(tmp_path, server, monkeypatch):
     ds = MNIST(tmp_path, train=False, download=True)
     np.testing.assert_array_equal(ds.data, arrays["t10k-images-idx3-ubyte"])
     assert sorted(os.listdir(tmp_path / "MNIST" / "raw")) == sorted(MNIST_NAMES)
+
+
+# -- tar archives: all or nothing -------------------------------------------
+
+
+def _special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info
+
+
+def _archive(path, members: list) -> str:
+    """A .tar.gz of ``members``: ``(name, bytes)`` files, ``(name, None)`` directories,
+    and TarInfo for anything else."""
+    with tarfile.open(path, "w:gz") as archive:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                archive.addfile(member)
+                continue
+            name, data = member
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def _tree(directory) -> dict[str, bytes | None]:
+    """Every path under ``directory`` (hidden ones too), files with their bytes."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(directory):
+        for name in dirnames:
+            found[os.path.relpath(os.path.join(dirpath, name), directory)] = None
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                found[os.path.relpath(os.path.join(dirpath, name), directory)] = f.read()
+    return found
+
+
+GOOD_MEMBERS = [("folder", None), ("folder/a", b"first"), ("folder/deep/b", b"second" * 1000)]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (("../evil", b"x"), "outside"),
+    (("folder/../../evil", b"x"), "outside"),
+    (("/tmp/evil", b"x"), "outside"),
+    (_special("folder/link", tarfile.SYMTYPE, "/etc/passwd"), "not a regular file"),
+    (_special("folder/hard", tarfile.LNKTYPE, "../../etc/passwd"), "not a regular file"),
+    (_special("folder/dev", tarfile.CHRTYPE), "not a regular file"),
+    (_special("folder/fifo", tarfile.FIFOTYPE), "not a regular file"),
+])
+def test_a_refused_member_leaves_the_destination_as_it_was(tmp_path, bad, message):
+    target = tmp_path / "out"
+    (target / "folder").mkdir(parents=True)
+    (target / "folder" / "a").write_bytes(b"kept")
+    (target / "other").write_bytes(b"untouched")
+    before = _tree(tmp_path)
+    path = _archive(tmp_path / "bad.tar.gz", GOOD_MEMBERS + [bad] + [("folder/after", b"z")])
+    before["bad.tar.gz"] = (tmp_path / "bad.tar.gz").read_bytes()
+    with pytest.raises(RuntimeError, match=message) as error:
+        extract_archive(path, target)
+    name = bad.name if isinstance(bad, tarfile.TarInfo) else bad[0]
+    assert path in str(error.value) and repr(name) in str(error.value)
+    assert "nothing was extracted" in str(error.value)
+    assert _tree(tmp_path) == before  # no member, no temporary directory, no evil
+    assert not os.path.exists("/tmp/evil")
+
+
+def test_a_refused_archive_does_not_create_the_destination(tmp_path):
+    path = _archive(tmp_path / "bad.tar.gz", GOOD_MEMBERS + [("../evil", b"x")])
+    with pytest.raises(RuntimeError, match="outside"):
+        extract_archive(path, tmp_path / "new" / "out")
+    assert sorted(os.listdir(tmp_path)) == ["bad.tar.gz"]
+
+
+def test_a_good_archive_extracts_completely_and_merges(tmp_path):
+    target = tmp_path / "out"
+    (target / "folder").mkdir(parents=True)
+    (target / "folder" / "a").write_bytes(b"old")
+    (target / "folder" / "mine").write_bytes(b"mine")
+    members = GOOD_MEMBERS + [("./folder/empty", None), ("top", b"t"), ("folder/a", b"last wins")]
+    extract_archive(_archive(tmp_path / "good.tar.gz", members), target)
+    assert _tree(target) == {"folder": None, "folder/a": b"last wins", "folder/mine": b"mine",
+                             "folder/deep": None, "folder/deep/b": b"second" * 1000,
+                             "folder/empty": None, "top": b"t"}
+
+
+def test_a_member_that_would_replace_a_directory_moves_nothing(tmp_path):
+    target = tmp_path / "out"
+    (target / "top").mkdir(parents=True)
+    (target / "top" / "x").write_bytes(b"x")
+    before = _tree(target)
+    path = _archive(tmp_path / "clash.tar.gz", GOOD_MEMBERS + [("top", b"a file")])
+    with pytest.raises(RuntimeError, match="'top' would replace") as error:
+        extract_archive(path, target)
+    assert path in str(error.value)
+    assert _tree(target) == before
+
+
+@pytest.mark.parametrize("stage", ["unpacking", "moving"])
+def test_an_interrupted_extraction_leaves_nothing_half_written(tmp_path, monkeypatch, stage):
+    import fastload.vision.download as download
+    target = tmp_path / "out"
+    target.mkdir()
+    path = _archive(tmp_path / "a.tar.gz", GOOD_MEMBERS + [("z", b"the last")])
+    calls = []
+
+    def interrupted(real):
+        def call(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        return call
+    if stage == "unpacking":
+        monkeypatch.setattr(download.shutil, "copyfileobj", interrupted(shutil.copyfileobj))
+    else:
+        monkeypatch.setattr(download.os, "replace", interrupted(os.replace))
+    with pytest.raises(KeyboardInterrupt):
+        extract_archive(path, target)
+    monkeypatch.undo()
+    left = _tree(target)
+    # Unpacking: nothing moved.  Moving: what moved is whole (here the first
+    # top-level entry, "folder", renamed at once), and no temporary directory stays.
+    folder = {"folder": None, "folder/a": b"first", "folder/deep": None,
+              "folder/deep/b": b"second" * 1000}
+    assert left == ({} if stage == "unpacking" else folder)
+    extract_archive(path, target)  # a later run completes it
+    assert _tree(target) == dict(folder, z=b"the last")
