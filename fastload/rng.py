@@ -20,6 +20,7 @@ Two streams, kept apart on purpose:
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -73,6 +74,14 @@ class _DrawLog:
         return (tuple, (tuple(self.values),))
 
 
+def _fitting_replay(value: Any, want: type) -> Any:
+    if not isinstance(value, want):
+        raise ValueError(f"a restored DataLoader state_dict does not fit this loader: its "
+                         f"seed stream replays {type(value).__name__} where this loader "
+                         f"draws {want.__name__}; build the loader with the same samplers")
+    return value
+
+
 def _is_seed(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
         and 0 <= value < 1 << _SEED_BITS
@@ -107,11 +116,7 @@ class _TorchDefaultDraws:
                 log.values.append(value)
 
     def replayed(self, want: type) -> Any:
-        value = self.pending.popleft()
-        if not isinstance(value, want):
-            raise ValueError(f"a restored DataLoader state_dict does not fit this loader: its "
-                             f"seed stream replays {type(value).__name__} where this loader "
-                             f"draws {want.__name__}; build the loader with the same samplers")
+        value = _fitting_replay(self.pending.popleft(), want)
         self.record(value, replayed=True)
         return value
 
@@ -215,6 +220,16 @@ class SeedSource:
         draws.last = value
         return value
 
+    def peek(self, after: "SeedSource | None" = None, after_quiet: bool = False) -> int:
+        """The seed ``draw()`` will return, drawing from no generator anyone
+        else sees (private copies are drawn from instead); ``after``: once that
+        source has drawn (``draw_quiet()`` with ``after_quiet``), as a loader
+        draws its base seed before its sampler's."""
+        ahead = _Lookahead()
+        if after is not None:
+            ahead.draw(after, quiet=after_quiet)
+        return ahead.draw(self)
+
     def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
         """``op(torch, generator)`` on torch's default generator, when this is a
         ``None`` source and torch is imported; else None (nothing run).
@@ -268,6 +283,50 @@ class SeedSource:
             self._default.pinned = False
         else:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
+
+
+class _Lookahead:
+    """Private copies of the streams seed sources draw from, drawn from in their
+    place: what ``draw()`` will give, while every real generator (torch's global
+    one above all) stays as it was.  Sources sharing a stream share its copy."""
+
+    def __init__(self) -> None:
+        self._copies: dict = {}
+
+    def _copy(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key not in self._copies:
+            self._copies[key] = make()
+        return self._copies[key]
+
+    def _torch_draw(self, torch: Any, generator: Any) -> int:
+        def clone() -> Any:
+            twin = torch.Generator(device=generator.device)
+            twin.set_state(generator.get_state())
+            return twin
+        twin = self._copy(("torch", id(generator)), clone)
+        return int(torch.empty((), dtype=torch.int64).random_(generator=twin).item())
+
+    def draw(self, source: SeedSource, quiet: bool = False) -> int | None:
+        """``source.draw()`` (``draw_quiet()`` with ``quiet``) on the copies; None
+        for a quiet draw derived from the last seed, which moves no stream."""
+        if source._torch is not None:
+            import torch  # only reachable when the caller passed a torch.Generator
+
+            return self._torch_draw(torch, source._torch)
+        draws = source._default
+        if draws is not None:
+            pending = self._copy(("pending", id(draws)), lambda: deque(draws.pending))
+            following = _torch_default_draws(source)
+            if pending:
+                return int(_fitting_replay(pending.popleft(), int))
+            if quiet and draws.last is not None and following is not None:
+                return None
+            if following is not None:
+                torch, _ = following
+                return self._torch_draw(torch, torch.default_generator)
+        numpy_stream = self._copy(("numpy", id(source._numpy)),
+                                  lambda: copy.deepcopy(source._numpy))
+        return int(numpy_stream.integers(0, 1 << _SEED_BITS, dtype=np.int64))
 
 
 class _TransformStream(threading.local):
