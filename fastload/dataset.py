@@ -7,11 +7,12 @@ fastload differs it is for memory or speed, never for results:
 * ``ArrayDataset`` stands in for ``TensorDataset``.  It keeps its arrays as
   given (an ``np.memmap`` stays a memmap, nothing is copied), so the
   DataLoader can gather whole batches from ``arrays`` with one kernel call.
-* ``random_split`` draws its permutation from the ``_core`` kernel, seeded
-  from ``generator`` through ``SeedSource``; the same seed gives the same
-  split everywhere (but not the split torch would give for that seed).
-  With ``generator=None`` and torch imported it is torch's own split, from
-  torch's default generator.
+* ``random_split`` with a ``torch.Generator`` (or ``generator=None`` and torch
+  imported: torch's default generator) is torch's own split: torch's
+  ``randperm`` on that generator.  With an int seed or a numpy Generator the
+  permutation comes from the ``_core`` kernel, seeded through ``SeedSource``;
+  the same seed gives the same split everywhere (not the split torch would
+  give for that seed).
 """
 
 from __future__ import annotations
@@ -440,13 +441,13 @@ def random_split(dataset: Dataset[_T], lengths: Sequence[int | float],
             is given out one at a time starting with the first split).
         generator: ``None`` (torch's default generator if torch is imported,
             else fresh entropy), an int seed, a ``numpy.random.Generator`` or a
-            ``torch.Generator``.
+            ``torch.Generator`` (torch's split for it: its ``randperm`` on it).
     """
     counts = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
     source = SeedSource(generator)
-    # With None and torch imported, torch's own randperm on its default generator
-    # (NOTE [ torch's global seed ] in rng.py): the split torch would make.
-    order = source.run_on_torch_default(lambda torch, g: torch.randperm(sum(counts), generator=g))
+    # With a torch.Generator, or None and torch imported, torch's own randperm on
+    # that generator (NOTE [ torch's global seed ] in rng.py): the split torch makes.
+    order = source.run_on_torch(lambda torch, g: torch.randperm(sum(counts), generator=g))
     order = (_core.permutation(sum(counts), source.draw()) if order is None else order).tolist()
     bounds = list(itertools.accumulate(counts))
     # Lists, as torch gives: callers join, compare and save them as lists.

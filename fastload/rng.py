@@ -230,6 +230,21 @@ class SeedSource:
             ahead.draw(after, quiet=after_quiet)
         return ahead.draw(self)
 
+    def run_on_torch(self, op: Callable[[Any, Any], Any]) -> Any:
+        """``op(torch, generator)`` on the torch generator this source draws
+        from: the ``torch.Generator`` the caller gave, or torch's default one
+        (``run_on_torch_default``); else None (nothing run).
+
+        Where torch decides an order with its own op on a generator
+        (``random_split``'s ``randperm``, ``multinomial``), running that op on
+        the caller's torch.Generator is what gives torch's order for it.
+        """
+        if self._torch is not None:
+            import torch  # only reachable when the caller passed a torch.Generator
+
+            return op(torch, self._torch)
+        return self.run_on_torch_default(op)
+
     def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
         """``op(torch, generator)`` on torch's default generator, when this is a
         ``None`` source and torch is imported; else None (nothing run).
