@@ -113,12 +113,15 @@ def is_iterable_dataset(dataset: Any) -> bool:
 # ArrayDataset
 
 
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
+
+
 def _as_array(obj: Any) -> np.ndarray:
     """``obj`` as an ndarray, without copying where numpy can avoid it."""
     if isinstance(obj, np.ndarray):
         return obj  # memmaps and other subclasses are kept as they are
-    cls = type(obj)
-    if cls.__module__.startswith("torch") and hasattr(obj, "detach"):
+    if _is_tensor(obj):
         # np.asarray refuses tensors that require grad or live on a GPU.
         return obj.detach().cpu().numpy()
     return np.asarray(obj)
@@ -134,6 +137,10 @@ class ArrayDataset(Dataset[tuple]):
     Args:
         *arrays: numpy arrays or ``np.memmap``s, used as they are; anything
             else ``np.asarray`` accepts (lists, torch tensors) is converted once.
+
+    Given torch tensors, ``ds[i]`` holds torch tensors (CPU, without autograd:
+    views of the converted arrays), as torch's ``TensorDataset`` gives; the
+    loader's batches are what its ``output=`` says either way.
 
     Spawn and forkserver workers map an ``np.memmap`` again from its file
     rather than receive its bytes (NOTE [ Pickled once, or per worker ] in
@@ -157,12 +164,29 @@ class ArrayDataset(Dataset[tuple]):
             raise SizeMismatchError(f"Size mismatch between arrays: {shapes}")
         self.arrays = converted
         self._length = int(length)
+        # Which arrays were tensors: their rows are handed out as tensors.
+        self._from_tensors = tuple(_is_tensor(a) for a in arrays) if any(map(_is_tensor, arrays)) \
+            else None
 
     def __getitem__(self, index: Any) -> tuple:
+        if self._from_tensors is None:
+            return self.numpy_row(index)
+        self._check_index(index)
+        import torch  # a tensor was given, so torch is there (also in a spawned worker)
+
+        # A tensor view, indexed as torch indexes (a 1-D array's row is a 0-d tensor).
+        return tuple(torch.from_numpy(array)[index] if tensor else array[index]
+                     for array, tensor in zip(self.arrays, self._from_tensors))
+
+    def numpy_row(self, index: Any) -> tuple:
+        """``ds[index]`` with numpy rows, whatever the arrays were given as."""
+        self._check_index(index)
+        return tuple(array[index] for array in self.arrays)
+
+    def _check_index(self, index: Any) -> None:
         if isinstance(index, (int, np.integer)) and not -self._length <= index < self._length:
             # numpy's own message names the axis, not the dataset; say which is which.
             raise IndexError(f"index {index} is out of range for ArrayDataset of length {self._length}")
-        return tuple(array[index] for array in self.arrays)
 
     def __len__(self) -> int:
         return self._length
