@@ -82,6 +82,12 @@ def _fitting_replay(value: Any, want: type) -> Any:
     return value
 
 
+def _derived_seed(last: int) -> int:
+    """A seed made from the last one, where torch draws none (``draw_quiet``)."""
+    mixed = np.random.SeedSequence([last, 0x717569657421])  # "quiet!"
+    return int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+
+
 def _is_seed(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
         and 0 <= value < 1 << _SEED_BITS
@@ -145,12 +151,13 @@ class SeedSource:
     source this one shares its stream with, if it was built from one).
     """
 
-    __slots__ = ("_numpy", "_torch", "_default", "given")
+    __slots__ = ("_numpy", "_torch", "_default", "given", "_last")
 
     def __init__(self, generator: Any = None) -> None:
         self._numpy: np.random.Generator | None = None
         self._torch = None
         self._default: _TorchDefaultDraws | None = None
+        self._last: int | None = None  # the last seed drawn from a given torch.Generator
         self.given = generator
         if isinstance(generator, SeedSource):
             # Share the stream: a DataLoader's sampler and its worker seeds
@@ -188,7 +195,8 @@ class SeedSource:
         if self._torch is not None:
             import torch  # only reachable when the caller passed a torch.Generator
 
-            return int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
+            self._last = int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
+            return self._last
         draws = self._default
         if draws is not None and draws.pending:  # a restored state's (needs no torch)
             value = draws.last = int(draws.replayed(int))
@@ -204,7 +212,14 @@ class SeedSource:
     def draw_quiet(self) -> int:
         """A seed at a moment torch's loader draws none: from a ``None`` source
         following torch, derived from its last draw (the global generator is
-        left alone); from any other, the next seed, as ``draw()``."""
+        left alone); from a given torch.Generator, likewise derived from its last
+        draw (torch's persistent iterator draws nothing from it either); from
+        any other, the next seed, as ``draw()``."""
+        if self._torch is not None:
+            if self._last is None:
+                return self.draw()
+            self._last = _derived_seed(self._last)
+            return self._last
         draws = self._default
         if draws is None or not draws.pending and (
                 draws.last is None or _torch_default_draws(self) is None):
@@ -214,8 +229,7 @@ class SeedSource:
         if draws.pending:
             value = int(draws.replayed(int))
         else:
-            mixed = np.random.SeedSequence([draws.last, 0x717569657421])  # "quiet!"
-            value = int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+            value = _derived_seed(draws.last)
             draws.record(value, replayed=False)
         draws.last = value
         return value
@@ -271,7 +285,8 @@ class SeedSource:
         """An opaque, picklable snapshot of the stream (a live record of the
         draws since, for a ``None`` source following torch: copy it to keep it)."""
         if self._torch is not None:
-            return ("torch", self._torch.get_state())
+            # With the last seed, which a quiet draw derives from.
+            return ("torch", self._torch.get_state(), self._last)
         draws = self._default
         if draws is not None and (draws.pending or _torch_default_draws(self) is not None):
             log = _DrawLog(draws.pending)
@@ -280,9 +295,10 @@ class SeedSource:
         return ("numpy", self._numpy.bit_generator.state)
 
     def set_state(self, state: Any) -> None:
-        kind, value = state
+        kind, value, *last = state
         if kind == "torch" and self._torch is not None:
             self._torch.set_state(value)
+            self._last = last[0] if last else None
         elif kind == "numpy" and self._numpy is not None:
             self._numpy.bit_generator.state = value
             if self._default is not None:
@@ -325,6 +341,8 @@ class _Lookahead:
         """``source.draw()`` (``draw_quiet()`` with ``quiet``) on the copies; None
         for a quiet draw derived from the last seed, which moves no stream."""
         if source._torch is not None:
+            if quiet and source._last is not None:
+                return None
             import torch  # only reachable when the caller passed a torch.Generator
 
             return self._torch_draw(torch, source._torch)

@@ -99,15 +99,16 @@ def test_samplers_given_a_torch_generator_give_torchs_order(torch):
 
 # -- the loader -----------------------------------------------------------------
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_shuffling_loader_given_a_torch_generator_gives_torchs_batches(torch, num_workers):
+@pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2),
+                                     dict(num_workers=2, persistent_workers=True)])
+def test_a_shuffling_loader_given_a_torch_generator_gives_torchs_batches(torch, workers):
+    # A persistent iterator's later epochs draw no base seed from the generator, as torch's.
     data = np.arange(37, dtype=np.int64)
     ours_generator, torchs_generator = pair(torch, 3)
-    ours = fl.DataLoader(data, batch_size=5, shuffle=True, generator=ours_generator,
-                         num_workers=num_workers)
+    ours = fl.DataLoader(data, batch_size=5, shuffle=True, generator=ours_generator, **workers)
     torchs = torch.utils.data.DataLoader(data, batch_size=5, shuffle=True,
-                                         generator=torchs_generator, num_workers=num_workers)
-    for epoch in range(2):
+                                         generator=torchs_generator, **workers)
+    for epoch in range(3):
         assert [b.tolist() for b in ours] == [b.tolist() for b in torchs], epoch
     assert same_state(torch, ours_generator, torchs_generator)
 
