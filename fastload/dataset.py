@@ -148,6 +148,7 @@ class ArrayDataset(Dataset[tuple]):
     """
 
     arrays: tuple[np.ndarray, ...]
+    _from_tensors: tuple[bool, ...] | None = None  # also for copies made without __init__
 
     def __init__(self, *arrays: Any) -> None:
         if not arrays:

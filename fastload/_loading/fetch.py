@@ -32,8 +32,8 @@ import numpy as np
 
 from fastload import _core
 from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNode, collate_into,
-                              default_collate, default_convert, fn_map_is_pristine, is_string_or_object_dtype,
-                              pack_into, private_buffer, to_torch)
+                              default_collate, default_convert, fn_map_is_pristine,
+                              is_string_or_object_dtype, pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload._loading.settings import BatchSettings
 from fastload.collate import PadCollate
