@@ -63,7 +63,7 @@ def test_random_split_with_an_int_or_numpy_seed_keeps_fastloads_split(torch):
 
 # -- samplers -------------------------------------------------------------------
 
-def sampler_pairs(torch):
+def sampler_pairs():
     """(name, build) where build(module, generator) makes the sampler from either library."""
     weights = [float(i % 7) + 0.25 for i in range(40)]
     return [
@@ -87,7 +87,7 @@ def sampler_pairs(torch):
 
 
 def test_samplers_given_a_torch_generator_give_torchs_order(torch):
-    for name, build in sampler_pairs(torch):
+    for name, build in sampler_pairs():
         for seed in (0, 1, 12345):
             ours_generator, torchs_generator = pair(torch, seed)
             ours = build(fl, ours_generator)
@@ -98,6 +98,25 @@ def test_samplers_given_a_torch_generator_give_torchs_order(torch):
 
 
 # -- the loader -----------------------------------------------------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_over_such_a_sampler_gives_torchs_batches(torch, num_workers):
+    # The loader takes a fastload sampler's epoch whole (its kernel path): still torch's order.
+    data = np.arange(40, dtype=np.int64)
+    for name, build in sampler_pairs():
+        if name == "subset of strings":
+            continue  # not indices of data
+        ours_generator, torchs_generator = pair(torch, 21)
+        torch.manual_seed(4)
+        ours = [b.tolist() for b in fl.DataLoader(data, batch_size=6, num_workers=num_workers,
+                                                  sampler=build(fl, ours_generator))]
+        torch.manual_seed(4)
+        torchs = [b.tolist() for b in torch.utils.data.DataLoader(
+            data, batch_size=6, num_workers=num_workers,
+            sampler=build(torch.utils.data, torchs_generator))]
+        assert ours == torchs, name
+        assert same_state(torch, ours_generator, torchs_generator), name
+
 
 @pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2),
                                      dict(num_workers=2, persistent_workers=True)])
