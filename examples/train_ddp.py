@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -111,11 +110,8 @@ def init_distributed() -> tuple[int, int]:
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
     else:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                world_size=1)
+        # A group of one needs no rendezvous: an in-process store, no port to race for.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -198,7 +194,9 @@ def restore(options: argparse.Namespace, rank: int, world: int, model: Any, opti
             loader: Any, sampler: Any) -> tuple[dict, Any]:
     """Load the checkpoint into model, optimizer and loader; the progress it recorded
     and the loader to iterate (torch's may be rebuilt to skip batches)."""
-    checkpoint = torch.load(options.checkpoint, map_location="cpu", weights_only=False)
+    # weights_only: the checkpoint holds tensors, numbers, strings, lists, tuples and
+    # dicts only (a loader's state_dict is such), so loading it runs no pickled code.
+    checkpoint = torch.load(options.checkpoint, map_location="cpu", weights_only=True)
     model.module.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     progress = {k: checkpoint[k] for k in ("epoch", "step", "epoch_step")}

@@ -271,7 +271,17 @@ class DataLoader(Generic[_T_co]):
                 length = length // self.batch_size if self.drop_last \
                     else math.ceil(length / self.batch_size)
             return length
-        return len(self._index_sampler)
+        sampler = self._index_sampler
+        if callable(getattr(sampler, "_len_after", None)):
+            # Its length follows its seed, which an epoch draws after the base
+            # seed: count the epoch iter() will give (BucketBatchSampler).
+            return sampler._len_after(self._seed_source, quiet=self._keeps_workers())
+        return len(sampler)
+
+    def _keeps_workers(self) -> bool:
+        """The next iter() reuses this loader's persistent workers (and their base seed)."""
+        return self.persistent_workers and self.num_workers > 0 \
+            and self._iterator is not None and not self._iterator.closed
 
     def __iter__(self) -> "_BaseIter":
         if self.persistent_workers and self.num_workers > 0:

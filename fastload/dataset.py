@@ -7,11 +7,12 @@ fastload differs it is for memory or speed, never for results:
 * ``ArrayDataset`` stands in for ``TensorDataset``.  It keeps its arrays as
   given (an ``np.memmap`` stays a memmap, nothing is copied), so the
   DataLoader can gather whole batches from ``arrays`` with one kernel call.
-* ``random_split`` draws its permutation from the ``_core`` kernel, seeded
-  from ``generator`` through ``SeedSource``; the same seed gives the same
-  split everywhere (but not the split torch would give for that seed).
-  With ``generator=None`` and torch imported it is torch's own split, from
-  torch's default generator.
+* ``random_split`` with a ``torch.Generator`` (or ``generator=None`` and torch
+  imported: torch's default generator) is torch's own split: torch's
+  ``randperm`` on that generator.  With an int seed or a numpy Generator the
+  permutation comes from the ``_core`` kernel, seeded through ``SeedSource``;
+  the same seed gives the same split everywhere (not the split torch would
+  give for that seed).
 """
 
 from __future__ import annotations
@@ -112,12 +113,15 @@ def is_iterable_dataset(dataset: Any) -> bool:
 # ArrayDataset
 
 
+def _is_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "detach")
+
+
 def _as_array(obj: Any) -> np.ndarray:
     """``obj`` as an ndarray, without copying where numpy can avoid it."""
     if isinstance(obj, np.ndarray):
         return obj  # memmaps and other subclasses are kept as they are
-    cls = type(obj)
-    if cls.__module__.startswith("torch") and hasattr(obj, "detach"):
+    if _is_tensor(obj):
         # np.asarray refuses tensors that require grad or live on a GPU.
         return obj.detach().cpu().numpy()
     return np.asarray(obj)
@@ -134,12 +138,17 @@ class ArrayDataset(Dataset[tuple]):
         *arrays: numpy arrays or ``np.memmap``s, used as they are; anything
             else ``np.asarray`` accepts (lists, torch tensors) is converted once.
 
+    Given torch tensors, ``ds[i]`` holds torch tensors (CPU, without autograd:
+    views of the converted arrays), as torch's ``TensorDataset`` gives; the
+    loader's batches are what its ``output=`` says either way.
+
     Spawn and forkserver workers map an ``np.memmap`` again from its file
     rather than receive its bytes (NOTE [ Pickled once, or per worker ] in
     ``_loading/wire/payload.py``); pickling it otherwise copies, as torch's does.
     """
 
     arrays: tuple[np.ndarray, ...]
+    _from_tensors: tuple[bool, ...] | None = None  # also for copies made without __init__
 
     def __init__(self, *arrays: Any) -> None:
         if not arrays:
@@ -156,12 +165,29 @@ class ArrayDataset(Dataset[tuple]):
             raise SizeMismatchError(f"Size mismatch between arrays: {shapes}")
         self.arrays = converted
         self._length = int(length)
+        # Which arrays were tensors: their rows are handed out as tensors.
+        self._from_tensors = tuple(_is_tensor(a) for a in arrays) if any(map(_is_tensor, arrays)) \
+            else None
 
     def __getitem__(self, index: Any) -> tuple:
+        if self._from_tensors is None:
+            return self.numpy_row(index)
+        self._check_index(index)
+        import torch  # a tensor was given, so torch is there (also in a spawned worker)
+
+        # A tensor view, indexed as torch indexes (a 1-D array's row is a 0-d tensor).
+        return tuple(torch.from_numpy(array)[index] if tensor else array[index]
+                     for array, tensor in zip(self.arrays, self._from_tensors))
+
+    def numpy_row(self, index: Any) -> tuple:
+        """``ds[index]`` with numpy rows, whatever the arrays were given as."""
+        self._check_index(index)
+        return tuple(array[index] for array in self.arrays)
+
+    def _check_index(self, index: Any) -> None:
         if isinstance(index, (int, np.integer)) and not -self._length <= index < self._length:
             # numpy's own message names the axis, not the dataset; say which is which.
             raise IndexError(f"index {index} is out of range for ArrayDataset of length {self._length}")
-        return tuple(array[index] for array in self.arrays)
 
     def __len__(self) -> int:
         return self._length
@@ -440,13 +466,13 @@ def random_split(dataset: Dataset[_T], lengths: Sequence[int | float],
             is given out one at a time starting with the first split).
         generator: ``None`` (torch's default generator if torch is imported,
             else fresh entropy), an int seed, a ``numpy.random.Generator`` or a
-            ``torch.Generator``.
+            ``torch.Generator`` (torch's split for it: its ``randperm`` on it).
     """
     counts = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
     source = SeedSource(generator)
-    # With None and torch imported, torch's own randperm on its default generator
-    # (NOTE [ torch's global seed ] in rng.py): the split torch would make.
-    order = source.run_on_torch_default(lambda torch, g: torch.randperm(sum(counts), generator=g))
+    # With a torch.Generator, or None and torch imported, torch's own randperm on
+    # that generator (NOTE [ torch's global seed ] in rng.py): the split torch makes.
+    order = source.run_on_torch(lambda torch, g: torch.randperm(sum(counts), generator=g))
     order = (_core.permutation(sum(counts), source.draw()) if order is None else order).tolist()
     bounds = list(itertools.accumulate(counts))
     # Lists, as torch gives: callers join, compare and save them as lists.

@@ -20,6 +20,7 @@ Two streams, kept apart on purpose:
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import threading
@@ -73,6 +74,20 @@ class _DrawLog:
         return (tuple, (tuple(self.values),))
 
 
+def _fitting_replay(value: Any, want: type) -> Any:
+    if not isinstance(value, want):
+        raise ValueError(f"a restored DataLoader state_dict does not fit this loader: its "
+                         f"seed stream replays {type(value).__name__} where this loader "
+                         f"draws {want.__name__}; build the loader with the same samplers")
+    return value
+
+
+def _derived_seed(last: int) -> int:
+    """A seed made from the last one, where torch draws none (``draw_quiet``)."""
+    mixed = np.random.SeedSequence([last, 0x717569657421])  # "quiet!"
+    return int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+
+
 def _is_seed(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
         and 0 <= value < 1 << _SEED_BITS
@@ -107,11 +122,7 @@ class _TorchDefaultDraws:
                 log.values.append(value)
 
     def replayed(self, want: type) -> Any:
-        value = self.pending.popleft()
-        if not isinstance(value, want):
-            raise ValueError(f"a restored DataLoader state_dict does not fit this loader: its "
-                             f"seed stream replays {type(value).__name__} where this loader "
-                             f"draws {want.__name__}; build the loader with the same samplers")
+        value = _fitting_replay(self.pending.popleft(), want)
         self.record(value, replayed=True)
         return value
 
@@ -140,12 +151,13 @@ class SeedSource:
     source this one shares its stream with, if it was built from one).
     """
 
-    __slots__ = ("_numpy", "_torch", "_default", "given")
+    __slots__ = ("_numpy", "_torch", "_default", "given", "_last")
 
     def __init__(self, generator: Any = None) -> None:
         self._numpy: np.random.Generator | None = None
         self._torch = None
         self._default: _TorchDefaultDraws | None = None
+        self._last: int | None = None  # the last seed drawn from a given torch.Generator
         self.given = generator
         if isinstance(generator, SeedSource):
             # Share the stream: a DataLoader's sampler and its worker seeds
@@ -183,7 +195,8 @@ class SeedSource:
         if self._torch is not None:
             import torch  # only reachable when the caller passed a torch.Generator
 
-            return int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
+            self._last = int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
+            return self._last
         draws = self._default
         if draws is not None and draws.pending:  # a restored state's (needs no torch)
             value = draws.last = int(draws.replayed(int))
@@ -199,7 +212,14 @@ class SeedSource:
     def draw_quiet(self) -> int:
         """A seed at a moment torch's loader draws none: from a ``None`` source
         following torch, derived from its last draw (the global generator is
-        left alone); from any other, the next seed, as ``draw()``."""
+        left alone); from a given torch.Generator, likewise derived from its last
+        draw (torch's persistent iterator draws nothing from it either); from
+        any other, the next seed, as ``draw()``."""
+        if self._torch is not None:
+            if self._last is None:
+                return self.draw()
+            self._last = _derived_seed(self._last)
+            return self._last
         draws = self._default
         if draws is None or not draws.pending and (
                 draws.last is None or _torch_default_draws(self) is None):
@@ -209,11 +229,35 @@ class SeedSource:
         if draws.pending:
             value = int(draws.replayed(int))
         else:
-            mixed = np.random.SeedSequence([draws.last, 0x717569657421])  # "quiet!"
-            value = int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+            value = _derived_seed(draws.last)
             draws.record(value, replayed=False)
         draws.last = value
         return value
+
+    def peek(self, after: "SeedSource | None" = None, after_quiet: bool = False) -> int:
+        """The seed ``draw()`` will return, drawing from no generator anyone
+        else sees (private copies are drawn from instead); ``after``: once that
+        source has drawn (``draw_quiet()`` with ``after_quiet``), as a loader
+        draws its base seed before its sampler's."""
+        ahead = _Lookahead()
+        if after is not None:
+            ahead.draw(after, quiet=after_quiet)
+        return ahead.draw(self)
+
+    def run_on_torch(self, op: Callable[[Any, Any], Any]) -> Any:
+        """``op(torch, generator)`` on the torch generator this source draws
+        from: the ``torch.Generator`` the caller gave, or torch's default one
+        (``run_on_torch_default``); else None (nothing run).
+
+        Where torch decides an order with its own op on a generator
+        (``random_split``'s ``randperm``, ``multinomial``), running that op on
+        the caller's torch.Generator is what gives torch's order for it.
+        """
+        if self._torch is not None:
+            import torch  # only reachable when the caller passed a torch.Generator
+
+            return op(torch, self._torch)
+        return self.run_on_torch_default(op)
 
     def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
         """``op(torch, generator)`` on torch's default generator, when this is a
@@ -241,7 +285,8 @@ class SeedSource:
         """An opaque, picklable snapshot of the stream (a live record of the
         draws since, for a ``None`` source following torch: copy it to keep it)."""
         if self._torch is not None:
-            return ("torch", self._torch.get_state())
+            # With the last seed, which a quiet draw derives from.
+            return ("torch", self._torch.get_state(), self._last)
         draws = self._default
         if draws is not None and (draws.pending or _torch_default_draws(self) is not None):
             log = _DrawLog(draws.pending)
@@ -250,9 +295,10 @@ class SeedSource:
         return ("numpy", self._numpy.bit_generator.state)
 
     def set_state(self, state: Any) -> None:
-        kind, value = state
+        kind, value, *last = state
         if kind == "torch" and self._torch is not None:
             self._torch.set_state(value)
+            self._last = last[0] if last else None
         elif kind == "numpy" and self._numpy is not None:
             self._numpy.bit_generator.state = value
             if self._default is not None:
@@ -268,6 +314,52 @@ class SeedSource:
             self._default.pinned = False
         else:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
+
+
+class _Lookahead:
+    """Private copies of the streams seed sources draw from, drawn from in their
+    place: what ``draw()`` will give, while every real generator (torch's global
+    one above all) stays as it was.  Sources sharing a stream share its copy."""
+
+    def __init__(self) -> None:
+        self._copies: dict = {}
+
+    def _copy(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key not in self._copies:
+            self._copies[key] = make()
+        return self._copies[key]
+
+    def _torch_draw(self, torch: Any, generator: Any) -> int:
+        def clone() -> Any:
+            twin = torch.Generator(device=generator.device)
+            twin.set_state(generator.get_state())
+            return twin
+        twin = self._copy(("torch", id(generator)), clone)
+        return int(torch.empty((), dtype=torch.int64).random_(generator=twin).item())
+
+    def draw(self, source: SeedSource, quiet: bool = False) -> int | None:
+        """``source.draw()`` (``draw_quiet()`` with ``quiet``) on the copies; None
+        for a quiet draw derived from the last seed, which moves no stream."""
+        if source._torch is not None:
+            if quiet and source._last is not None:
+                return None
+            import torch  # only reachable when the caller passed a torch.Generator
+
+            return self._torch_draw(torch, source._torch)
+        draws = source._default
+        if draws is not None:
+            pending = self._copy(("pending", id(draws)), lambda: deque(draws.pending))
+            following = _torch_default_draws(source)
+            if pending:
+                return int(_fitting_replay(pending.popleft(), int))
+            if quiet and draws.last is not None and following is not None:
+                return None
+            if following is not None:
+                torch, _ = following
+                return self._torch_draw(torch, torch.default_generator)
+        numpy_stream = self._copy(("numpy", id(source._numpy)),
+                                  lambda: copy.deepcopy(source._numpy))
+        return int(numpy_stream.integers(0, 1 << _SEED_BITS, dtype=np.int64))
 
 
 class _TransformStream(threading.local):

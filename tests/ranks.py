@@ -1,17 +1,21 @@
 """Run real ranks for the multi-rank tests: N processes under gloo on 127.0.0.1.
 
 ``run_ranks`` starts the ranks itself with torchrun's environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``); ``run_torchrun``
-starts ``torchrun`` (``python -m torch.distributed.run``).  Each run is its own
-session, so that on a deadline, a failure, or after success, the whole tree (ranks and
-their loader workers) is killed by its process-group id: nothing outlives a test.
+``WORLD_SIZE``, ``LOCAL_RANK``) and ``FASTLOAD_TEST_INIT_METHOD``, a ``file://``
+store of its own (with the rank and world size) that a rank script passes to
+``init_process_group`` as ``init_method``; ``run_torchrun`` starts ``torchrun``
+(``python -m torch.distributed.run``) with ``--standalone``, whose agent binds
+its store on port 0 and tells the ranks the port.  No port is picked by binding
+and closing a socket, which another process could take before it is used.  Each
+run is its own session, so that on a deadline, a failure, or after success, the
+whole tree (ranks and their loader workers) is killed by its process-group id:
+nothing outlives a test.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,12 +23,6 @@ import time
 
 # gloo binds to the address the host name resolves to unless told an interface.
 LOOPBACK_ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _kill_session(process: subprocess.Popen) -> None:
@@ -79,25 +77,30 @@ def _wait_all(processes: list, logs: list, timeout: float, what: str) -> list[st
 
 
 def run_ranks(world: int, argv: list[str], timeout: float, env: dict | None = None) -> list[str]:
-    """Run ``argv`` as ranks ``0..world-1`` of one gloo job; returns each rank's output."""
-    port = free_port()
-    processes, logs = [], []
-    for rank in range(world):
-        rank_env = _base_env(env)
-        rank_env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                        LOCAL_WORLD_SIZE=str(world), MASTER_PORT=str(port))
-        log = tempfile.TemporaryFile()
-        logs.append(log)
-        processes.append(subprocess.Popen(argv, env=rank_env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-    return _wait_all(processes, logs, timeout, f"{world} ranks of {argv[1:3]}")
+    """Run ``argv`` as ranks ``0..world-1`` of one gloo job; returns each rank's output.
+
+    The ranks meet in a file store of this run's own (``FASTLOAD_TEST_INIT_METHOD``)."""
+    with tempfile.TemporaryDirectory(prefix="fastload-ranks-") as directory:
+        store = os.path.join(directory, "store")
+        processes, logs = [], []
+        for rank in range(world):
+            rank_env = _base_env(env)
+            rank_env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                            LOCAL_WORLD_SIZE=str(world),
+                            FASTLOAD_TEST_INIT_METHOD=f"file://{store}?rank={rank}"
+                                                      f"&world_size={world}")
+            log = tempfile.TemporaryFile()
+            logs.append(log)
+            processes.append(subprocess.Popen(argv, env=rank_env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+        return _wait_all(processes, logs, timeout, f"{world} ranks of {argv[1:3]}")
 
 
-def torchrun_command(nproc: int, argv: list[str], port: int | None = None) -> list[str]:
-    """``torchrun`` on this host only: a static rendezvous on 127.0.0.1."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(port or free_port()), *argv]
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """``torchrun`` on this host only: ``--standalone``, a store its agent binds on a
+    port the system picks (and keeps), which it hands to the ranks."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(nproc), *argv]
 
 
 def run_torchrun(nproc: int, argv: list[str], timeout: float, env: dict | None = None) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fastload.dataset as fd
+from fastload import DataLoader
 from fastload.dataset import (
     ArrayDataset,
     ChainDataset,
@@ -233,6 +234,38 @@ def test_array_dataset_converts_lists_and_tensors_once(torch):
     np.testing.assert_array_equal(ds.arrays[0], tensor.detach().numpy())
     assert np.shares_memory(ds.arrays[0], tensor.detach().numpy())
     assert ds[1][1] == 20
+
+
+def test_array_dataset_of_tensors_gives_tensors_as_tensor_dataset(torch):
+    x, y = torch.arange(-12.0, 12.0).reshape(8, 3), torch.arange(8, dtype=torch.int32)
+    ours, theirs = ArrayDataset(x, y), torch.utils.data.TensorDataset(x, y)
+    for index in [0, 5, -1, slice(1, 4), [2, 0]]:
+        for got, want in zip(ours[index], theirs[index]):
+            assert type(got) is torch.Tensor
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert torch.equal(got, want)
+    # torch's test_add_dataset calls .abs() on a sample
+    assert torch.equal(ours[0][0].abs(), theirs[0][0].abs())
+    assert torch.equal(ours[2][0].abs(), x[2].abs())
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+@pytest.mark.parametrize("loader_args", [dict(batch_size=3), dict(batch_size=None),
+                                         dict(batch_size=3, num_workers=2)])
+def test_a_loader_over_tensors_gives_what_output_says(torch, output, loader_args):
+    x, y = torch.arange(30.0).reshape(10, 3), torch.arange(10)
+    ours = ArrayDataset(x, y)
+    expected = list(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                                **loader_args))
+    for dataset in (ours, fd.Subset(ours, list(range(10)))):
+        batches = list(DataLoader(dataset, output=output, **loader_args))
+        assert len(batches) == len(expected)
+        for batch, want in zip(batches, expected):
+            assert type(batch) is list and len(batch) == 2
+            for got, column in zip(batch, want):
+                assert type(got) is (torch.Tensor if output == "torch" else np.ndarray)
+                assert str(got.dtype).split(".")[-1] == str(column.dtype).split(".")[-1]
+                np.testing.assert_array_equal(np.asarray(got), column.numpy())
 
 
 def test_memmap_stays_memmap(tmp_path):

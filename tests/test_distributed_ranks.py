@@ -32,7 +32,8 @@ import psutil
 import torch.distributed as dist
 import fastload as fl
 
-dist.init_process_group("gloo")
+# run_ranks' own file store; under torchrun (None) its env:// rendezvous
+dist.init_process_group("gloo", init_method=os.environ.get("FASTLOAD_TEST_INIT_METHOD"))
 rank, world = dist.get_rank(), dist.get_world_size()
 # The group decides, not the environment (torchrun's RANK would agree anyway).
 os.environ["RANK"], os.environ["WORLD_SIZE"] = "99", "100"

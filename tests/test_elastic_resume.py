@@ -303,7 +303,8 @@ import numpy as np
 import torch.distributed as dist
 import fastload as fl
 
-dist.init_process_group("gloo")
+# run_ranks' own file store; under torchrun (None) its env:// rendezvous
+dist.init_process_group("gloo", init_method=os.environ.get("FASTLOAD_TEST_INIT_METHOD"))
 phase, out, state_file = sys.argv[1], sys.argv[2], sys.argv[3]
 dataset = fl.ArrayDataset(np.arange(23))
 sampler = fl.DistributedSampler(dataset, seed=5)   # rank and world size from the group

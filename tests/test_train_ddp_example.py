@@ -43,7 +43,7 @@ def test_the_example_resumes_on_another_world_size_with_each_sample_once(torch, 
     # 2 ranks stop at step 3: the checkpoint of step 2 is the last one, step 3 is lost.
     out = run_torchrun(2, [*common, "--max-steps", "3", "--log-indices", first], 150, env)
     assert summary(out)["last_step"] == 3
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
     assert (saved["world_size"], saved["step"], saved["epoch"]) == (2, 2, 0)
     assert len(saved["loader_states"]) == 2
 
@@ -59,5 +59,24 @@ def test_the_example_resumes_on_another_world_size_with_each_sample_once(torch, 
     assert set(seen) == set(range(IMAGES))
     assert sum(seen.values()) - IMAGES <= 1  # padding: at most one per split, here none
     # The checkpoint at the epoch's end is the second run's, on 1 rank.
-    final = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    final = torch.load(checkpoint, map_location="cpu", weights_only=True)
     assert (final["world_size"], final["epoch"], final["epoch_step"]) == (1, 1, 0)
+
+
+def test_the_example_loads_its_checkpoint_with_weights_only(torch, tmp_path):
+    # A checkpoint naming a global outside torch's weights_only allowlist is refused
+    # before anything of it is used: the example never runs pickled code it loads.
+    import argparse
+    import fractions
+    import importlib.util
+    import pickle
+
+    spec = importlib.util.spec_from_file_location("train_ddp_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    path = str(tmp_path / "crafted.pt")
+    torch.save({"model": {}, "optimizer": {}, "loader_states": [None], "world_size": 1,
+                "epoch": 0, "step": 0, "epoch_step": 0, "extra": fractions.Fraction(1, 3)}, path)
+    options = argparse.Namespace(checkpoint=path, loader="fastload")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only"):
+        example.restore(options, 0, 1, None, None, None, None)

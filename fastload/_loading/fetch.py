@@ -32,8 +32,8 @@ import numpy as np
 
 from fastload import _core
 from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNode, collate_into,
-                              default_collate, fn_map_is_pristine, is_string_or_object_dtype,
-                              pack_into, private_buffer, to_torch)
+                              default_collate, default_convert, fn_map_is_pristine,
+                              is_string_or_object_dtype, pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload._loading.settings import BatchSettings
 from fastload.collate import PadCollate
@@ -74,6 +74,19 @@ def _self_gathering(found: tuple[Any, np.ndarray | None] | None
     if found is None or not callable(getattr(found[0], "_fastload_batch", None)):
         return None
     return found
+
+
+def _numpy_row_reader(dataset: Any) -> Callable[[int], tuple] | None:
+    """``index -> numpy row`` for an ArrayDataset given tensors (or Subsets of
+    one), whose own rows are tensors: without auto-collation the loader hands
+    out what ``output=`` says, numpy rows for ``"numpy"``."""
+    found = _under_subsets(dataset)
+    if found is None or type(found[0]) is not ArrayDataset or found[0]._from_tensors is None:
+        return None
+    base, row_map = found
+    if row_map is None:
+        return base.numpy_row
+    return lambda index: base.numpy_row(row_map[index])
 
 
 def _under_subsets(dataset: Any) -> tuple[Any, np.ndarray | None] | None:
@@ -117,6 +130,8 @@ class BatchSource:
             and not iterable else None
         self._arrays = _array_columns(found)
         self._whole = _self_gathering(found) if self._arrays is None else None
+        self._numpy_rows = _numpy_row_reader(dataset) if not auto_collation \
+            and collate_fn is default_convert and not iterable else None
         self._array_layouts: dict[Any, BatchLayout] = {}
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
@@ -189,6 +204,8 @@ class BatchSource:
                     raise StopIteration
             return samples
         if not self.auto_collation:
+            if self._numpy_rows is not None and isinstance(indices, (int, np.integer)):
+                return self._numpy_rows(indices)
             return self.dataset[indices]
         keys = indices.tolist() if kernel_batch else indices
         if self._getitems is not None:

@@ -108,7 +108,8 @@ def near_open_file_limit(margin: int = 10) -> bool:
 
 
 def too_many_open_files() -> RuntimeError:
-    """torch's error at the open-file limit (its words first), with what holds the files here."""
+    """torch's error at the open-file limit (its words first), with what holds the
+    files here, and how far torch's other remedy, the sharing strategy, reaches."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     return RuntimeError(
@@ -116,7 +117,11 @@ def too_many_open_files() -> RuntimeError:
         f"increase the limit using `ulimit -n` in the shell (now {soft}, at most {hard_text} "
         f"without privileges) or hold fewer batches at once: each batch you hold keeps file "
         f"descriptors open (its shared-memory slot's, and those of tensors a worker sent, as "
-        f"torch's do) until it is released")
+        f"torch's do) until it is released. torch's other remedy, calling "
+        f"`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of "
+        f"your code, helps here only with tensors a worker sends inside objects (a custom "
+        f"collate_fn's): a batch in fastload's ring keeps its slot's descriptor whatever the "
+        f"strategy")
 
 
 class Segment:

@@ -18,9 +18,11 @@ user samplers need not implement them:
 * ``_seed_source``: the ``SeedSource`` behind a random sampler, so the loader
   can snapshot it before an epoch and replay that epoch on resume.
 
-Random streams differ from torch's (we do not reproduce torch's Mersenne
-Twister); everything else (lengths, padding, batching, errors) matches.  With
-no generator and torch imported, the seeds come from torch's default generator,
+Given a ``torch.Generator``, a sampler draws its order with torch's own ops on
+it, as torch's sampler does, so the order is torch's.  Given an int or a numpy
+Generator, the kernels draw it (we do not reproduce torch's Mersenne Twister);
+everything else (lengths, padding, batching, errors) matches.  With no
+generator and torch imported, the seeds come from torch's default generator,
 drawn as torch draws them (NOTE [ torch's global seed ] in rng.py).
 """
 
@@ -33,7 +35,7 @@ import numpy as np
 
 from fastload import _core
 from fastload.dataset import int64_indices
-from fastload.rng import SeedSource
+from fastload.rng import SeedSource, _is_torch_generator
 
 __all__ = ["Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler"]
 
@@ -45,11 +47,27 @@ _TOLIST_CHUNK = 1 << 16
 
 
 def _permutation(source: SeedSource, n: int) -> np.ndarray:
-    """A random order of ``range(n)``: torch's own ``randperm`` on its default
-    generator when ``source`` follows it (as torch's samplers draw theirs,
-    NOTE [ torch's global seed ] in rng.py), else the kernel's, from one seed."""
-    order = source.run_on_torch_default(lambda torch, g: torch.randperm(n, generator=g))
+    """A random order of ``range(n)``: torch's own ``randperm`` on the caller's
+    torch.Generator, or on torch's default generator when ``source`` follows it
+    (as torch's samplers draw theirs, NOTE [ torch's global seed ] in rng.py),
+    else the kernel's, from one seed."""
+    order = source.run_on_torch(lambda torch, g: torch.randperm(n, generator=g))
     return _core.permutation(n, source.draw()) if order is None else order.numpy()
+
+
+def _torch_random_epoch(torch: Any, generator: Any, n: int, count: int,
+                        replacement: bool) -> np.ndarray:
+    """torch's RandomSampler epoch on ``generator``, made by the same calls in
+    the same order (so the generator ends where torch's leaves it)."""
+    if replacement:
+        parts = [torch.randint(high=n, size=(32,), dtype=torch.int64, generator=generator)
+                 for _ in range(count // 32)]
+        parts.append(torch.randint(high=n, size=(count % 32,), dtype=torch.int64,
+                                   generator=generator))
+    else:
+        parts = [torch.randperm(n, generator=generator) for _ in range(count // n)]
+        parts.append(torch.randperm(n, generator=generator)[:count % n])
+    return torch.cat(parts).numpy()
 
 
 def _iter_ints(indices: np.ndarray) -> Iterator[int]:
@@ -163,7 +181,12 @@ class RandomSampler(_SeededSampler[int]):
             error = RuntimeError if self.replacement else ValueError
             raise error(f"cannot draw num_samples={count} indices {how} replacement "
                         f"from an empty data_source")
-        seed = self._seed_source.draw()
+        source = self._seed_source
+        if _is_torch_generator(source.stream):
+            # The caller's torch.Generator: torch's own order for it.
+            return source.run_on_torch(lambda torch, generator: _torch_random_epoch(
+                torch, generator, n, count, self.replacement))
+        seed = source.draw()
         if self.replacement:
             return _core.randint(n, count, seed)
         return _core.permutation_stream(n, count, seed)

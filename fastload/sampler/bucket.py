@@ -130,7 +130,8 @@ class BucketBatchSampler(_SeededSampler[list[int]]):
 
     ``len()`` is exact: the number of batches of the epoch being iterated, or,
     between epochs, of the next one (with ``max_tokens`` it depends on the
-    epoch's order, which it then draws ahead without consuming it).
+    epoch's order, which it then computes from the seed the epoch will draw,
+    seen on private copies of the streams: ``len()`` draws from no generator).
     """
 
     def __init__(
@@ -164,7 +165,7 @@ class BucketBatchSampler(_SeededSampler[list[int]]):
         self._seed_source = SeedSource(generator)
         self.epoch = 0
         self._current: tuple | None = None  # (key, batches) of the epoch being iterated
-        self._peeked: tuple | None = None   # (key, batches) drawn ahead by len()
+        self._peeked: tuple | None = None   # (key, batches, count) len() planned for the next seed
 
     @property
     def _length_from_draws(self) -> bool:
@@ -230,7 +231,7 @@ class BucketBatchSampler(_SeededSampler[list[int]]):
         return order, self._rank_share(bounds)
 
     def _draw_plan(self) -> tuple[np.ndarray, np.ndarray]:
-        """Draw this epoch's seed (taking one ``len()`` drew ahead) and plan it."""
+        """Draw this epoch's seed and plan it (or take the plan ``len()`` made for that seed)."""
         drawn = self._seed_source.draw() if self.shuffle else None
         key = self._settings_key(drawn)
         peeked, self._peeked = self._peeked, None
@@ -250,29 +251,33 @@ class BucketBatchSampler(_SeededSampler[list[int]]):
             self._current = None
 
     def __len__(self) -> int:
+        return self._length()
+
+    def _len_after(self, first: SeedSource, quiet: bool = False) -> int:
+        """``len()`` once ``first`` has drawn (``draw_quiet`` with ``quiet``):
+        a loader draws its epoch's base seed before its batch sampler's seed,
+        so ``len(loader)`` asks this, to count the epoch the loader will give."""
+        return self._length(first, quiet)
+
+    def _length(self, first: SeedSource | None = None, quiet: bool = False) -> int:
         if self.max_tokens is None:
             n = self.lengths.shape[0]
             count = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         elif self._current is not None:
             return self._current[0]
         else:
-            count = self._peek_global_count()
+            count = self._peek_global_count(first, quiet)
         replicas = self.num_replicas
         if replicas == 1 or count == 0:
             return count
         return count // replicas if self.drop_last else -(-count // replicas)
 
-    def _peek_global_count(self) -> int:
-        """The next epoch's number of batches (all ranks), drawing its seed
-        ahead and putting the stream back, so that the epoch draws it again."""
-        if self.shuffle:
-            state = self._seed_source.get_state()
-            try:
-                drawn = self._seed_source.draw()
-            finally:
-                self._seed_source.set_state(state)
-        else:
-            drawn = None
+    def _peek_global_count(self, first: SeedSource | None, quiet: bool) -> int:
+        """The next epoch's number of batches (all ranks), from the seed it will
+        draw, seen on private copies of the streams: ``len()`` draws nothing,
+        from torch's global generator least of all, so calling it (tqdm does)
+        changes neither the batches nor any later draw."""
+        drawn = self._seed_source.peek(first, quiet) if self.shuffle else None
         key = self._settings_key(drawn)
         if self._peeked is None or self._peeked[0] != key:
             order, bounds = self._global_batches(self._epoch_seed(drawn) if drawn is not None

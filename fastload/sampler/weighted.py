@@ -197,9 +197,10 @@ class WeightedRandomSampler(_SeededSampler[int]):
         return self.num_samples
 
     def _epoch_indices(self) -> np.ndarray:
-        # Following torch's default generator, torch's own draw (NOTE [ torch's
-        # global seed ] in rng.py): it raises torch's errors for bad weights.
-        drawn = self._seed_source.run_on_torch_default(
+        # On the caller's torch.Generator, or following torch's default one,
+        # torch's own draw (NOTE [ torch's global seed ] in rng.py): torch's
+        # order, and torch's errors for bad weights.
+        drawn = self._seed_source.run_on_torch(
             lambda torch, g: torch.multinomial(torch.from_numpy(self._weights), self.num_samples,
                                                self.replacement, generator=g))
         if drawn is not None:

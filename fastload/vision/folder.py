@@ -22,10 +22,11 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..dataset import Dataset, int64_indices
+from ..dataset import int64_indices
 from .cache import make_image_cache
 from .decode import decode_planned, default_loader, pil_loader, split_planned_head
 from .sample_table import SampleTable, SampleTableBuilder, TargetList
+from .vision import StandardTransform, VisionDataset
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -239,7 +240,7 @@ def _error_naming_sample(error: BaseException, path: str, index: int) -> BaseExc
     return RuntimeError(message)
 
 
-class DatasetFolder(Dataset):
+class DatasetFolder(VisionDataset):
     """A map-style dataset of files arranged as ``root/<class>/**/<file>``, as torchvision's.
 
     Args:
@@ -282,14 +283,8 @@ class DatasetFolder(Dataset):
                  cache_format: str = "raw") -> None:
         # Checked first: a bad cache argument fails before a long scan.
         self.image_cache = make_image_cache(cache, cache_max_side, cache_max_bytes, cache_format)
-        if isinstance(root, str):
-            root = os.path.expanduser(root)
-        self.root = root
-        self.transform = transform
-        self.target_transform = target_transform
-        # torchvision's combined form, set once here as torchvision sets it.
-        self.transforms = StandardTransform(transform, target_transform) \
-            if transform is not None or target_transform is not None else None
+        # root, transform, target_transform and their combined transforms, as torchvision's.
+        super().__init__(root, transform=transform, target_transform=target_transform)
         classes, class_to_idx = self.find_classes(self.root)
         if type(self).make_dataset is DatasetFolder.make_dataset:
             # Stream the scan straight into the table: no list of a million tuples.
@@ -383,44 +378,6 @@ class DatasetFolder(Dataset):
 
     def __len__(self) -> int:
         return len(self._samples)
-
-    def extra_repr(self) -> str:
-        return ""
-
-    def __repr__(self) -> str:
-        body = [f"Number of datapoints: {len(self)}", f"Root location: {self.root}"]
-        body += self.extra_repr().splitlines()
-        if getattr(self, "transforms", None) is not None:
-            # One entry, as torchvision has it: only its first line is indented.
-            body.append(repr(self.transforms))
-        return "\n".join([f"Dataset {self.__class__.__name__}"] + ["    " + line for line in body])
-
-
-class StandardTransform:
-    """torchvision's pairing of a sample transform and a target transform:
-    ``(input, target) -> (transform(input), target_transform(target))``."""
-
-    def __init__(self, transform: Callable | None = None,
-                 target_transform: Callable | None = None) -> None:
-        self.transform = transform
-        self.target_transform = target_transform
-
-    def __call__(self, input: Any, target: Any) -> tuple[Any, Any]:
-        if self.transform is not None:
-            input = self.transform(input)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return input, target
-
-    def __repr__(self) -> str:
-        body = [self.__class__.__name__]
-        for head, transform in (("Transform: ", self.transform),
-                                ("Target transform: ", self.target_transform)):
-            if transform is not None:
-                lines = repr(transform).splitlines()
-                body += [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
-        return "\n".join(body)
-
 
 class ImageFolder(DatasetFolder):
     """torchvision's ``ImageFolder``: a ``DatasetFolder`` of images with ``IMG_EXTENSIONS``.

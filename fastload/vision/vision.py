@@ -1,4 +1,5 @@
-"""``VisionDataset``: torchvision's base of the classic datasets (root, transforms, repr)."""
+"""``VisionDataset``: torchvision's base of the folder and classic datasets (root,
+transforms, repr), and ``StandardTransform``, its pairing of the two transforms."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..dataset import Dataset
-from .folder import StandardTransform
 
-__all__ = ["VisionDataset"]
+__all__ = ["VisionDataset", "StandardTransform"]
 
 
 class VisionDataset(Dataset):
@@ -56,3 +56,29 @@ class VisionDataset(Dataset):
             body.append(repr(self.transforms))
         indent = " " * self._repr_indent
         return "\n".join([f"Dataset {self.__class__.__name__}"] + [indent + line for line in body])
+
+
+class StandardTransform:
+    """torchvision's pairing of a sample transform and a target transform:
+    ``(input, target) -> (transform(input), target_transform(target))``."""
+
+    def __init__(self, transform: Callable | None = None,
+                 target_transform: Callable | None = None) -> None:
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __call__(self, input: Any, target: Any) -> tuple[Any, Any]:
+        if self.transform is not None:
+            input = self.transform(input)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return input, target
+
+    def __repr__(self) -> str:
+        body = [self.__class__.__name__]
+        for head, transform in (("Transform: ", self.transform),
+                                ("Target transform: ", self.target_transform)):
+            if transform is not None:
+                lines = repr(transform).splitlines()
+                body += [head + lines[0]] + [" " * len(head) + line for line in lines[1:]]
+        return "\n".join(body)

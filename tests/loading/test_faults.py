@@ -369,7 +369,7 @@ def test_worker_sigkilled_inside_getitem_raises_runtime_error(no_leaks):
     with pytest.raises(RuntimeError) as excinfo:
         for _ in it:
             pass
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 30  # no hang (a generous deadline, for loaded hosts)
     message = str(excinfo.value)
     _worker_pid_in(message, pids)
     assert "SIGKILL" in message and "killed by signal" in message, message
@@ -392,7 +392,7 @@ def test_worker_killed_from_outside_raises_runtime_error(no_leaks, signum):
     with pytest.raises(RuntimeError) as excinfo:
         for _ in range(100):  # at most the batches already made, then the error
             next(it)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 30  # no hang (a generous deadline, for loaded hosts)
     message = str(excinfo.value)
     assert _worker_pid_in(message, pids) == victim
     assert signal.Signals(signum).name in message, message
@@ -442,44 +442,47 @@ def test_worker_dead_before_its_tensor_is_fetched_raises_its_death(torch, no_lea
 
 
 class SlowFirstBatch(SquareDataset):
-    """Worker 0 takes ``delay`` seconds over its first batch; the rest is quick."""
+    """Worker 0 takes ``delay`` seconds over its first batch; the rest is quick.
+    ``done``: a file made once that slow sample is (an event the tests can see)."""
 
-    def __init__(self, n: int, delay: float) -> None:
+    def __init__(self, n: int, delay: float, done: str | None = None) -> None:
         super().__init__(n, (2,))
-        self.delay = delay
+        self.delay, self.done = delay, done
 
     def __getitem__(self, i):
         if i == 0:
             time.sleep(self.delay)
+            if self.done is not None:
+                open(self.done, "w").close()
         return super().__getitem__(i)
 
 
 @pytest.mark.timeout(60)
-def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_leaks):
+def test_worker_killed_while_another_workers_batch_is_awaited_raises_at_once(no_leaks, tmp_path):
     # The main process watches only the awaited worker's answers (NOTE [
     # Waking for the awaited answer only ] in _loading/pool.py), but every sentinel.
-    loader = fl.DataLoader(SlowFirstBatch(64, delay=3.0), batch_size=4, num_workers=2)
+    done = str(tmp_path / "batch 0 made")
+    loader = fl.DataLoader(SlowFirstBatch(64, delay=5.0, done=done), batch_size=4, num_workers=2)
     it = iter(loader)
     pids, prefix = it.worker_pids, it._ring.prefix
-    # Stopping the pool waits for worker 0 to finish its batch: what must be
-    # quick is the moment the iterator starts to stop it.
+    # Stopping the pool waits for worker 0 to finish its batch: what must come
+    # first is the moment the iterator starts to stop it (an event, not a time).
     stopped_at = []
     shutdown = it.shutdown
 
     def recording_shutdown():
-        stopped_at.append(time.monotonic())
+        stopped_at.append(os.path.exists(done))
         shutdown()
 
     it.shutdown = recording_shutdown
     killer = threading.Timer(0.3, os.kill, (pids[1], signal.SIGKILL))
     killer.start()
-    start = time.monotonic()
     try:
         with pytest.raises(RuntimeError) as excinfo:
-            next(it)  # batch 0: worker 0 sleeps in it for 3 s
+            next(it)  # batch 0: worker 0 sleeps in it for 5 s
     finally:
         killer.cancel()
-    assert stopped_at and stopped_at[0] - start < 1.5, "the death was seen only with worker 0's answer"
+    assert stopped_at == [False], "the death was seen only with worker 0's answer"
     message = str(excinfo.value)
     assert _worker_pid_in(message, pids) == pids[1]
     assert "SIGKILL" in message, message
@@ -1012,22 +1015,31 @@ def test_worker_os_exit_raises_runtime_error_with_exit_code(no_leaks):
 
 
 @pytest.mark.timeout(60)
-def test_timeout_raises_without_waiting_for_the_stuck_workers(no_leaks):
-    # The workers are stuck in 4-second samples: the error comes at the
+def test_timeout_raises_without_waiting_for_the_stuck_workers(no_leaks, tmp_path):
+    # The workers are stuck in 8-second samples: the error comes at the
     # timeout, as torch's does, not once they have finished; the loop left
-    # then, they are terminated, not waited for.
-    loader = fl.DataLoader(SlowDataset(8, delay=4.0), batch_size=2, num_workers=2, timeout=0.5)
+    # then, they are terminated, not waited for.  Events say so, not times:
+    # no sample was finished when the error came, nor when the workers were gone.
+    log = str(tmp_path / "samples")
+    loader = fl.DataLoader(CompletionLoggingDataset(log, 8, delay=8.0), batch_size=2,
+                           num_workers=2, timeout=0.5)
     it = iter(loader)
     pids = it.worker_pids
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"timed out after 0\.5 seconds"):
         next(it)
-    elapsed = time.monotonic() - start
-    assert 0.4 < elapsed < 2.5, elapsed
-    start = time.monotonic()
+    assert time.monotonic() - start >= 0.45  # not before the timeout
+    assert _finished_samples(log) == [], "the error waited for the workers"
     del it
-    assert time.monotonic() - start < 1.5
-    assert _wait_gone(pids, 1.0) == []
+    assert _wait_gone(pids, 5.0) == []
+    assert _finished_samples(log) == [], "the workers were waited for, not terminated"
+
+
+def _finished_samples(log: str) -> list[str]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [line for line in f.read().splitlines() if line.startswith("done")]
 
 
 class _OneSlowSample(SquareDataset):
@@ -1186,10 +1198,14 @@ def test_leaving_an_epoch_stops_workers_that_wait_to_write_an_answer(no_leaks):
     assert list(next(it)[1]) == ["x" * (1 << 20)] * 4
     time.sleep(0.5)  # the workers make their next batches and fill the pipes
     pids, prefix = it.worker_pids, it._ring.prefix
-    started = time.monotonic()
+    workers = list(it._workers)
     del it
-    assert time.monotonic() - started < 2.0
-    assert _wait_gone(pids, 2.0) == []
+    # Stopped at once, they exit on their own (0); waited for, they would
+    # have been terminated (by a signal) after 5 s.
+    for worker in workers:
+        worker.join(20)
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    assert _wait_gone(pids, 5.0) == []
     assert _prefix_entries(prefix) == []
 
 
@@ -1421,7 +1437,8 @@ def test_ctrl_c_while_a_dropped_iterator_stops_busy_workers_is_raised_and_cleans
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     assert "Exception ignored" not in stderr, stderr
-    assert stdout.split()[0] == "INTERRUPTED" and float(stdout.split()[1]) < 2.0, stdout
+    # Interrupted, not lost (the loop going on to print LOST); the time only proves no hang.
+    assert stdout.split()[0] == "INTERRUPTED" and float(stdout.split()[1]) < 20.0, stdout
     assert _wait_gone(pids, 5.0) == []
     assert _prefix_entries(prefix) == []
 

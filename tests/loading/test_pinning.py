@@ -221,7 +221,10 @@ def test_without_torch_the_warning_is_torchs(torch, monkeypatch):
 
 
 def test_no_accelerator_gives_torchs_warning_and_pins_nothing(torch):
-    assert not torch.accelerator.is_available(), "this test is for a machine without one"
+    if torch.accelerator.is_available():
+        # torch's loader pins there and warns nothing: the tests above cover that case.
+        pytest.skip(f"this test is for a machine without an accelerator; this one has "
+                    f"{torch.accelerator.current_accelerator()}")
 
     def warned(library, data):
         with warnings.catch_warnings(record=True) as caught:

@@ -1062,6 +1062,20 @@ def test_holding_more_batches_than_the_open_file_limit_raises_torchs_error(tmp_p
     message = out.split("MESSAGE ", 1)[1]
     assert message.startswith("Too many open files. "), message
     assert "`ulimit -n`" in message and "now 64, at most 4096" in message, message
+    assert "`torch.multiprocessing.set_sharing_strategy('file_system')`" in message, message
+
+
+def test_the_open_file_limit_error_names_both_of_torchs_remedies():
+    # torch's test_fd_limit_exceeded looks for both phrases in the message.
+    from fastload._ring.segments import too_many_open_files
+
+    error = too_many_open_files()
+    message = str(error)
+    assert type(error) is RuntimeError and message.startswith("Too many open files. ")
+    assert "ulimit -n" in message and "set_sharing_strategy" in message
+    assert "torch.multiprocessing.set_sharing_strategy('file_system')" in message
+    # ... and says what the strategy does for fastload's own batches: nothing.
+    assert "whatever the strategy" in message
 
 
 # ---------------------------------------------------------------------------

@@ -395,6 +395,28 @@ def test_repr_names_root_and_transform(tmp_path):
         f"Dataset ImageFolder\n    Number of datapoints: 1\n    Root location: {tmp_path}")
 
 
+def test_folder_datasets_are_vision_datasets_as_torchvisions(tmp_path, monkeypatch):
+    # torchvision's test_datasets smoke tests check isinstance(dataset, VisionDataset).
+    from fastload.vision import VisionDataset
+
+    _tree(str(tmp_path), ["a/1.jpg", "b/2.png"])
+    flip = T.RandomHorizontalFlip()
+    folder = DatasetFolder(str(tmp_path), loader=lambda path: path, extensions=(".jpg", ".png"),
+                           transform=flip)
+    images = ImageFolder(str(tmp_path), target_transform=str)
+    for ds in (folder, images):
+        assert isinstance(ds, VisionDataset) and isinstance(ds, Dataset)
+        assert ds.root == str(tmp_path)
+    assert folder.transform is flip and folder.target_transform is None
+    assert folder.transforms.transform is flip and folder.transforms.target_transform is None
+    assert images.target_transform is str and images.transforms(1, 2) == (1, "2")
+    # VisionDataset's repr (its "Number of datapoints" and "Root location" lines)
+    assert repr(images).splitlines()[:3] == [
+        "Dataset ImageFolder", "    Number of datapoints: 2", f"    Root location: {tmp_path}"]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert ImageFolder("~").root == str(tmp_path)  # expanded, as VisionDataset does
+
+
 def test_transforms_pairs_the_two_transforms_as_torchvision(tmp_path):
     _tree(str(tmp_path), ["a/1.jpg"])
     assert ImageFolder(str(tmp_path)).transforms is None
