@@ -1,13 +1,14 @@
 """The warning for a loader that gives every rank the same samples.
 
-Trainers that run data-parallel ranks (PyTorch Lightning's ``strategy="ddp"``,
-Accelerate, ...) give a ``DistributedSampler`` only to torch's own
+A trainer that runs data-parallel ranks (PyTorch Lightning's
+``strategy="ddp"``) gives a ``DistributedSampler`` only to torch's own
 ``DataLoader``: a fastload loader keeps the sampler it was built with, and
 without one that shards, every rank trains on the whole dataset, silently.
-So each ``iter(loader)`` looks at how many ranks this process is one of (the
-initialised ``torch.distributed`` group first, as Lightning's launcher sets
-``WORLD_SIZE`` but not ``RANK``; else ``WORLD_SIZE``) and, with more than one,
-at whether the loader's samplers shard; if not, it warns, once per loader.
+So each ``iter(loader)`` looks at how many ranks this process is one of and,
+with more than one, at whether the loader's samplers shard; if not, it warns,
+once per loader.  The initialised ``torch.distributed`` group is read first:
+Lightning's launcher sets no ``RANK``, and its teardown deletes
+``WORLD_SIZE`` after each ``fit`` while the group lives on; else ``WORLD_SIZE``.
 
 A sampler shards when it says which share it takes: ``num_replicas`` above 1
 and a ``rank`` (fastload's and torch's ``DistributedSampler``, fastload's
