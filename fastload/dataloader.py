@@ -46,6 +46,7 @@ from fastload._loading.iterators import _BaseIter, _SingleProcessIter
 from fastload._loading.pinning import pin_device
 from fastload._loading.reaping import join_exiting_workers
 from fastload._loading.settings import BatchSettings, LoaderSettings
+from fastload._loading.sharding_check import warn_if_unsharded
 from fastload._loading.worker_iterator import _MultiProcessIter
 
 __all__ = ["DataLoader"]
@@ -284,6 +285,7 @@ class DataLoader(Generic[_T_co]):
             and self._iterator is not None and not self._iterator.closed
 
     def __iter__(self) -> "_BaseIter":
+        warn_if_unsharded(self, stacklevel=2)  # every rank the same samples: say so, once
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is not None and not self._iterator.closed \
                     and is_stateful(self.dataset) and needs_fresh_workers(self._pending_state):

@@ -5,11 +5,12 @@
 store of its own (with the rank and world size) that a rank script passes to
 ``init_process_group`` as ``init_method``; ``run_torchrun`` starts ``torchrun``
 (``python -m torch.distributed.run``) with ``--standalone``, whose agent binds
-its store on port 0 and tells the ranks the port.  No port is picked by binding
-and closing a socket, which another process could take before it is used.  Each
-run is its own session, so that on a deadline, a failure, or after success, the
-whole tree (ranks and their loader workers) is killed by its process-group id:
-nothing outlives a test.
+its store on port 0 and tells the ranks the port; ``run_launcher`` any program
+that starts its own ranks (PyTorch Lightning's ``strategy="ddp"``).  No port is
+picked here by binding and closing a socket, which another process could take
+before it is used.  Each run is its own session, so that on a deadline, a
+failure, or after success, the whole tree (ranks and their loader workers) is
+killed by its process-group id: nothing outlives a test.
 """
 
 from __future__ import annotations
@@ -105,7 +106,14 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 def run_torchrun(nproc: int, argv: list[str], timeout: float, env: dict | None = None) -> str:
     """Run ``torchrun ... argv`` (``argv`` starts with the script); returns its output."""
+    return run_launcher(torchrun_command(nproc, argv), timeout, env, f"torchrun x{nproc} {argv[:1]}")
+
+
+def run_launcher(argv: list[str], timeout: float, env: dict | None = None,
+                 what: str | None = None) -> str:
+    """Run ``argv``, a program that starts its ranks itself (torchrun, PyTorch Lightning's
+    ``strategy="ddp"``), with the loopback environment; returns its output."""
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen(torchrun_command(nproc, argv), env=_base_env(env), stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    return _wait_all([process], [log], timeout, f"torchrun x{nproc} {argv[:1]}")[0]
+    process = subprocess.Popen(argv, env=_base_env(env), stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    return _wait_all([process], [log], timeout, what or f"{argv[1:2]}")[0]

@@ -23,6 +23,12 @@ _NO_GROUP_MESSAGE = (
     "init_process_group. (fastload also reads {name} from the environment, as "
     "torchrun sets it, or takes num_replicas and rank as arguments.)"
 )
+# PyTorch Lightning's launcher sets WORLD_SIZE, LOCAL_RANK and NODE_RANK, and
+# starts the process group only inside Trainer.fit.
+_LAUNCHED_WITHOUT_RANK = (
+    " WORLD_SIZE is set but RANK is not, as PyTorch Lightning's launcher leaves it: build "
+    "the sampler once the process group has started (in Lightning, inside train_dataloader())."
+)
 
 
 def _initialized_group() -> Any:
@@ -40,7 +46,10 @@ def _initialized_group() -> Any:
 def _from_environment(name: str) -> int:
     value = os.environ.get(name)
     if value is None:
-        raise ValueError(_NO_GROUP_MESSAGE.format(name=name))
+        message = _NO_GROUP_MESSAGE.format(name=name)
+        if name == "RANK" and "WORLD_SIZE" in os.environ:
+            message += _LAUNCHED_WITHOUT_RANK
+        raise ValueError(message)
     try:
         return int(value)
     except ValueError:
