@@ -35,23 +35,15 @@ written) load exactly as without a cache.
 
 What keys an entry
 ------------------
-Everything that decides its pixels: the file (absolute path, size,
-``st_mtime_ns`` and inode: a changed or replaced file is decoded again),
-``cache_max_side``, ``cache_format`` (a raw run never reads what a jpeg run
-stored, nor the reverse), the checksum in use (``cache_store.checksum_name``),
-and the loader: the default loader by name, any other by
-``cache_key.loader_identity`` (a partial's function and arguments, a
-function's name, code, defaults, closure and the globals it reads), or by the
-user's ``cache_key=`` string, which then stands for the loader whatever it is.
-A loader with no identity the cache can trust (a callable object, a closure
-over a list...) and no ``cache_key`` is loaded uncached, with one warning.
-One directory serves several settings and loaders side by side.  A file that
-is gone raises what it raises without the cache.
-
-On a file system other than a local one (``cache_filesystems``: NFS, SMB,
-Lustre, GPFS, FUSE, 9p...) the directory still serves and stores entries, but
-each writing process makes new files of its own (``StoreWriter(solo=True)``),
-with one warning; see ``cache_store``.
+Everything that decides its pixels (so one directory serves several settings
+and loaders side by side, none with another's pixels): the file (absolute
+path, size, ``st_mtime_ns``, inode: a changed or replaced file is decoded
+again), ``cache_max_side``, ``cache_format``, the checksum in use, and the
+loader (``cache_key.loader_key``: the user's ``cache_key=``, else the loader's
+identity).  A loader without a trustworthy identity and without ``cache_key``
+loads uncached, with one warning.  A file that is gone raises what it raises
+without the cache.  Off a local file system each writing process keeps to
+files of its own (``cache_filesystems``, ``cache_store``).
 """
 
 from __future__ import annotations
@@ -73,10 +65,10 @@ from PIL import Image
 
 from .. import _core
 from .._lifetime.hooks import at_fork
-from .cache_filesystems import filesystem_type, shares_files
-from .cache_key import UnidentifiedLoader, loader_identity
-from .cache_store import (DataFiles, Entry, IndexTable, StoreWriter, checksum_name, data_bytes,
-                          data_checksum)
+from .cache_checksums import checksum_name, data_checksum
+from .cache_filesystems import writers_kept_apart
+from .cache_key import UnidentifiedLoader, loader_key
+from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes
 from .cache_verified import VerifiedEntries
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
@@ -97,7 +89,6 @@ _REFRESH_SECONDS = 1.0
 _RESIZE_FILTER = Image.Resampling.LANCZOS
 # The start of every key: a new layout of keys makes every older entry a miss.
 _KEY_LAYOUT = b"fastload image cache key 2"
-_DEFAULT_LOADER_IDENTITY = b"rgb"  # default_loader and pil_loader: the file as RGB
 
 Steps = Sequence[Callable[[Any], Any]]
 
@@ -164,25 +155,10 @@ class DecodedImageCache:
         except OSError as error:
             self._usable = False
             self._warn(error, "cannot be created")
-        self._solo = self._usable and self._alone_here()
+        # Off a local file system, writers keep to files of their own (warned once).
+        self._solo = self._usable and writers_kept_apart(self.directory)
         self._start_process()
         _LIVE_CACHES.add(self)
-
-    def _alone_here(self) -> bool:
-        """Whether this directory's writers must keep to files of their own (not a
-        local file system: ``cache_filesystems``); warns once if so."""
-        fstype = filesystem_type(self.directory)
-        if shares_files(fstype):
-            return False
-        warnings.warn(
-            f"fastload image cache {self.directory!r} is on a "
-            f"{'file system of unknown type' if fstype is None else repr(fstype) + ' file system'},"
-            f" where file locks cannot be trusted (NFS, SMB, Lustre, GPFS, FUSE, 9p...): its "
-            f"processes do not share files there (each writing process makes new files of its "
-            f"own, never taking over another's), so the directory grows by a file pair per "
-            f"writing process. Put cache= on a local file system (ext4, xfs, btrfs, tmpfs...) "
-            f"to share it fully", RuntimeWarning, stacklevel=4)
-        return True
 
     def _start_process(self) -> None:
         """Per-process state: a fresh table and maps, no writer yet, zeroed stats."""
@@ -227,16 +203,11 @@ class DecodedImageCache:
         memo_loader, memo = self._loader_memo
         if memo_loader is loader and memo_loader is not None:
             return memo
-        if self.key is not None:
-            identity: bytes | None = b"user\0" + self.key.encode("utf-8", "surrogatepass")
-        elif loader is default_loader or loader is pil_loader:
-            identity = _DEFAULT_LOADER_IDENTITY
-        else:
-            try:
-                identity = b"identity\0" + loader_identity(loader)
-            except UnidentifiedLoader as reason:
-                identity = None
-                self._warn_unidentified(loader, reason)
+        try:
+            identity: bytes | None = loader_key(loader, self.key)
+        except UnidentifiedLoader as reason:
+            identity = None
+            self._warn_unidentified(loader, reason)
         self._loader_memo = (loader, identity)
         return identity
 

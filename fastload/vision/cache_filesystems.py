@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 
-__all__ = ["LOCAL_FILESYSTEMS", "filesystem_type", "shares_files"]
+__all__ = ["LOCAL_FILESYSTEMS", "filesystem_type", "shares_files", "writers_kept_apart"]
 
 # Disk and memory file systems of one kernel, whose flock is the kernel's own.
 LOCAL_FILESYSTEMS = frozenset({
@@ -61,3 +62,20 @@ def filesystem_type(directory: str, mountinfo: str = MOUNTINFO) -> str | None:
 def shares_files(fstype: str | None) -> bool:
     """Whether writers may take over each other's files on a file system of this type."""
     return fstype in LOCAL_FILESYSTEMS
+
+
+def writers_kept_apart(directory: str) -> bool:
+    """Whether the writers of a cache in ``directory`` must keep to files of their
+    own (it is not on a local file system); if so, says it in a ``RuntimeWarning``."""
+    fstype = filesystem_type(directory)
+    if shares_files(fstype):
+        return False
+    kind = "a file system of unknown type" if fstype is None else f"a {fstype!r} file system"
+    warnings.warn(
+        f"fastload image cache {directory!r} is on {kind}, where file locks cannot be "
+        f"trusted (NFS, SMB, Lustre, GPFS, FUSE, 9p...): its processes do not share files "
+        f"there (each writing process makes new files of its own, never taking over "
+        f"another's), so the directory grows by a file pair per writing process. Put "
+        f"cache= on a local file system (ext4, xfs, btrfs, tmpfs...) to share it fully",
+        RuntimeWarning, stacklevel=5)
+    return True

@@ -36,7 +36,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["UnidentifiedLoader", "loader_identity"]
+from .decode import default_loader, pil_loader
+
+__all__ = ["UnidentifiedLoader", "loader_identity", "loader_key"]
 
 _MAX_DEPTH = 24
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
@@ -45,6 +47,16 @@ _SCALARS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
 
 class UnidentifiedLoader(Exception):
     """The loader (or something it depends on) has no identity the cache can trust."""
+
+
+def loader_key(loader: Any, user_key: str | None) -> bytes:
+    """What stands for ``loader`` in its entries' keys: the user's ``cache_key`` when
+    given (whatever the loader), the default loader's name, or ``loader_identity``."""
+    if user_key is not None:
+        return b"user\0" + user_key.encode("utf-8", "surrogatepass")
+    if loader is default_loader or loader is pil_loader:
+        return b"rgb"  # both give the file decoded as RGB
+    return b"identity\0" + loader_identity(loader)
 
 
 def loader_identity(loader: Any) -> bytes:

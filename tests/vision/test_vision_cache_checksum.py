@@ -1,6 +1,6 @@
-"""The decoded-image cache's checksums (fastload.vision.cache_store): an entry's bytes
+"""The decoded-image cache's checksums (fastload.vision.cache_checksums): an entry's bytes
 (``data_checksum``: XXH3-64, or zlib's CRC32 without the ``xxhash`` package) and
-each index record (``_checksums``).  Damage a word sum lets pass -- swapped words,
+each index record (``record_checks``).  Damage a word sum lets pass -- swapped words,
 +-1 in two words, swapped pages -- and a flipped bit are each caught: the entry is
 refused and its image decoded again."""
 
@@ -14,7 +14,7 @@ import pytest
 import xxhash
 from PIL import Image
 
-from fastload.vision import ImageFolder, cache_store
+from fastload.vision import ImageFolder, cache_checksums, cache_store
 
 SIDE = 64
 PAGE = 4096
@@ -80,9 +80,9 @@ def test_damaged_entry_bytes_are_refused_and_decoded_again(folder, tmp_path, dam
 
 def test_the_checksum_is_xxh3_64_of_the_bytes():
     data = np.random.default_rng(1).integers(0, 256, 100_003, dtype=np.uint8)
-    assert cache_store.checksum_name() == "xxh3_64"
-    assert cache_store.data_checksum(data) == xxhash.xxh3_64_intdigest(data.tobytes())
-    assert cache_store.data_checksum(memoryview(data.tobytes())[3:77]) == \
+    assert cache_checksums.checksum_name() == "xxh3_64"
+    assert cache_checksums.data_checksum(data) == xxhash.xxh3_64_intdigest(data.tobytes())
+    assert cache_checksums.data_checksum(memoryview(data.tobytes())[3:77]) == \
         xxhash.xxh3_64_intdigest(data.tobytes()[3:77])
 
 
@@ -90,9 +90,9 @@ def test_without_xxhash_crc32_checks_entries_and_is_part_of_their_key(folder, tm
                                                                        monkeypatch):
     cache = tmp_path / "c"
     ImageFolder(folder, cache=cache, cache_max_side=SIDE)[0]  # an XXH3 entry
-    monkeypatch.setattr(cache_store, "_xxh3_64", None)
-    assert cache_store.checksum_name() == "crc32"
-    assert cache_store.data_checksum(b"pixels") == zlib.crc32(b"pixels")
+    monkeypatch.setattr(cache_checksums, "_xxh3_64", None)
+    assert cache_checksums.checksum_name() == "crc32"
+    assert cache_checksums.data_checksum(b"pixels") == zlib.crc32(b"pixels")
     crc = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for _ in range(2):
         for index, (path, _) in enumerate(crc.samples):
@@ -108,7 +108,8 @@ def test_without_xxhash_crc32_checks_entries_and_is_part_of_their_key(folder, tm
 def check_of(words: np.ndarray) -> int:
     """The record check of a record whose 16 words are ``words`` (read as an index
     file is read: every byte as written, the two between format and data_sum too)."""
-    return int(cache_store._checksums(np.frombuffer(words.tobytes(), cache_store.RECORD))[0])
+    records = np.frombuffer(words.tobytes(), cache_store.RECORD)
+    return int(cache_checksums.record_checks(records)[0])
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastload.vision import DatasetFolder, ImageFolder, cache_store
+from fastload.vision import DatasetFolder, ImageFolder, cache_checksums, cache_store
 from fastload.vision.cache_key import UnidentifiedLoader, loader_identity
 from images import save_folder
 from paths import REPO_DIR, TESTS_DIR
@@ -246,7 +246,7 @@ def test_records_of_another_layout_are_never_read_and_their_pair_is_reused(folde
     index_file, = (cache / name for name in os.listdir(cache) if name.endswith(".index"))
     records = np.frombuffer(index_file.read_bytes(), cache_store.RECORD).copy()
     records["version"] = 1  # what an older fastload wrote, its keys laid out otherwise
-    records["check"] = cache_store._checksums(records)
+    records["check"] = cache_checksums.record_checks(records)
     index_file.write_bytes(records.tobytes())
     again = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for got, (path, _) in zip(run_all(again), again.samples):
