@@ -64,7 +64,12 @@ def loader_identity(loader: Any) -> bytes:
     the same across processes and runs for the same loader); raises
     ``UnidentifiedLoader`` when they cannot be established."""
     parts: list[bytes] = []
-    _Describer(parts).value(loader, 0)
+    try:
+        _Describer(parts).value(loader, 0)
+    except UnidentifiedLoader:
+        raise
+    except Exception as error:  # an object whose attributes misbehave: no identity either
+        raise UnidentifiedLoader(f"{type(error).__name__}: {error}") from error
     return hashlib.blake2b(_joined(parts), digest_size=16).digest()
 
 
