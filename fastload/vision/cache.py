@@ -39,7 +39,7 @@ Everything that decides its pixels (so one directory serves several settings
 and loaders side by side, none with another's pixels): the file (absolute
 path, size, ``st_mtime_ns``, inode: a changed or replaced file is decoded
 again), ``cache_max_side``, ``cache_format``, the checksum in use, and the
-loader (``cache_key.loader_key``: the user's ``cache_key=``, else the loader's
+loader (``cache_key.key_for_loader``: the user's ``cache_key=``, else the loader's
 identity).  A loader without a trustworthy identity and without ``cache_key``
 loads uncached, with one warning.  A file that is gone raises what it raises
 without the cache.  Off a local file system each writing process keeps to
@@ -67,7 +67,7 @@ from .. import _core
 from .._lifetime.hooks import at_fork
 from .cache_checksums import checksum_name, data_checksum
 from .cache_filesystems import writers_kept_apart
-from .cache_key import UnidentifiedLoader, loader_key
+from .cache_key import UnidentifiedLoader, key_for_loader
 from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes
 from .cache_verified import VerifiedEntries
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
@@ -204,7 +204,7 @@ class DecodedImageCache:
         if memo_loader is loader and memo_loader is not None:
             return memo
         try:
-            identity: bytes | None = loader_key(loader, self.key)
+            identity: bytes | None = key_for_loader(loader, self.key)
         except UnidentifiedLoader as reason:
             identity = None
             self._warn_unidentified(loader, reason)

@@ -38,7 +38,7 @@ import numpy as np
 
 from .decode import default_loader, pil_loader
 
-__all__ = ["UnidentifiedLoader", "loader_identity", "loader_key"]
+__all__ = ["UnidentifiedLoader", "key_for_loader", "loader_identity"]
 
 _MAX_DEPTH = 24
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
@@ -49,7 +49,7 @@ class UnidentifiedLoader(Exception):
     """The loader (or something it depends on) has no identity the cache can trust."""
 
 
-def loader_key(loader: Any, user_key: str | None) -> bytes:
+def key_for_loader(loader: Any, user_key: str | None) -> bytes:
     """What stands for ``loader`` in its entries' keys: the user's ``cache_key`` when
     given (whatever the loader), the default loader's name, or ``loader_identity``."""
     if user_key is not None:
@@ -159,9 +159,10 @@ class _Describer:
         self.globals_read(function, depth)
 
     def code(self, code: types.CodeType, depth: int) -> None:
-        self.add("code", code.co_code, getattr(code, "co_exceptiontable", b""), code.co_argcount, code.co_posonlyargcount,
-                 code.co_kwonlyargcount, code.co_flags, *code.co_names, "|",
-                 *code.co_varnames, "|", *code.co_freevars, "|", *code.co_cellvars)
+        self.add("code", code.co_code, getattr(code, "co_exceptiontable", b""),
+                 code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+                 *code.co_names, "|", *code.co_varnames, "|", *code.co_freevars, "|",
+                 *code.co_cellvars)
         for constant in code.co_consts:
             if isinstance(constant, types.CodeType):
                 self.code(constant, depth + 1)
