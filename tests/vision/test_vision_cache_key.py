@@ -256,3 +256,22 @@ def test_records_of_another_layout_are_never_read_and_their_pair_is_reused(folde
     # The old records were cut off with the pair's uncommitted tail: only the new ones remain.
     assert len(os.listdir(cache)) == 2
     assert index_file.stat().st_size == len(FILES) * cache_store.RECORD_SIZE
+
+
+def test_builtins_and_classes_are_known_by_the_name_that_finds_them():
+    import math
+    import zlib
+
+    assert loader_identity(functools.partial(load, mode=math.floor)) != loader_identity(
+        functools.partial(load, mode=math.ceil))
+    assert loader_identity(zlib.crc32) == loader_identity(zlib.crc32)
+    assert loader_identity(functools.partial(load, mode=np.uint8)) != loader_identity(
+        functools.partial(load, mode=np.int8))
+    with pytest.raises(UnidentifiedLoader, match="bound to an object"):
+        loader_identity({}.get)  # a builtin method of one dict: its state is the dict's
+
+    class Local:
+        pass
+
+    with pytest.raises(UnidentifiedLoader, match="does not find"):
+        loader_identity(functools.partial(load, mode=Local))
