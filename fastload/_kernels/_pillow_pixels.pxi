@@ -5,15 +5,13 @@
 # also exports its pixel memory through the Arrow C data interface, a stable
 # ABI: an RGB image is a fixed-size list of 4 bytes per pixel (R, G, B, pad)
 # over one block of Pillow's memory, lent without a copy.  ``pack_rgb_arrow``
-# reads that and writes the packed 3-byte pixels the cache stores, summing
-# them (``data_checksum``'s sum) as it goes; ``resize_arrow_rgb_to_chw``
-# resizes straight from it.
+# reads that and writes the packed 3-byte pixels the cache stores;
+# ``resize_arrow_rgb_to_chw`` resizes straight from it.
 
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t
 from libc.string cimport strcmp
 
-import sys
 
 
 cdef extern from *:
@@ -35,24 +33,14 @@ cdef extern from *:
         void (*release)(struct FlArrowArray *); void *private_data;
     };
 
-    /* RGBX -> RGB, and the sum of the packed bytes as little-endian 64-bit words
-       (the tail zero-padded), as data_checksum takes it (without the length). */
-    static uint64_t fl_pack_rgbx_generic(const uint8_t *src, int64_t pixels, uint8_t *dst,
-                                         int64_t done) {
+    /* RGBX -> RGB, from pixel ``done`` on. */
+    static void fl_pack_rgbx_generic(const uint8_t *src, int64_t pixels, uint8_t *dst,
+                                     int64_t done) {
         for (int64_t i = done; i < pixels; i++) {
             dst[3 * i] = src[4 * i];
             dst[3 * i + 1] = src[4 * i + 1];
             dst[3 * i + 2] = src[4 * i + 2];
         }
-        int64_t n = 3 * pixels, whole = n / 8 * 8;
-        uint64_t total = 0, word;
-        for (int64_t i = 0; i < whole; i += 8) {
-            memcpy(&word, dst + i, 8);
-            total += word;   /* little-endian hosts only: checked by the caller */
-        }
-        word = 0;
-        memcpy(&word, dst + whole, (size_t)(n - whole));
-        return total + word;
     }
 
     #if defined(__GNUC__) && defined(__x86_64__)
@@ -61,7 +49,7 @@ cdef extern from *:
        store runs 4 bytes into the next step's place, so the last steps are
        left to the loop above). */
     __attribute__((target("ssse3")))
-    static uint64_t fl_pack_rgbx_ssse3(const uint8_t *src, int64_t pixels, uint8_t *dst) {
+    static void fl_pack_rgbx_ssse3(const uint8_t *src, int64_t pixels, uint8_t *dst) {
         const __m128i pick = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14,
                                            -1, -1, -1, -1);
         int64_t i = 0;
@@ -69,22 +57,24 @@ cdef extern from *:
             __m128i v = _mm_loadu_si128((const __m128i *)(src + 4 * i));
             _mm_storeu_si128((__m128i *)(dst + 3 * i), _mm_shuffle_epi8(v, pick));
         }
-        return fl_pack_rgbx_generic(src, pixels, dst, i);
+        fl_pack_rgbx_generic(src, pixels, dst, i);
     }
     static int fl_cpu_has_ssse3(void) {
         __builtin_cpu_init();
         return __builtin_cpu_supports("ssse3");
     }
-    static uint64_t fl_pack_rgbx(const uint8_t *src, int64_t pixels, uint8_t *dst) {
+    static void fl_pack_rgbx(const uint8_t *src, int64_t pixels, uint8_t *dst) {
         static int ssse3 = -1;
         if (ssse3 < 0)
             ssse3 = fl_cpu_has_ssse3();
-        return ssse3 ? fl_pack_rgbx_ssse3(src, pixels, dst)
-                     : fl_pack_rgbx_generic(src, pixels, dst, 0);
+        if (ssse3)
+            fl_pack_rgbx_ssse3(src, pixels, dst);
+        else
+            fl_pack_rgbx_generic(src, pixels, dst, 0);
     }
     #else
-    static uint64_t fl_pack_rgbx(const uint8_t *src, int64_t pixels, uint8_t *dst) {
-        return fl_pack_rgbx_generic(src, pixels, dst, 0);
+    static void fl_pack_rgbx(const uint8_t *src, int64_t pixels, uint8_t *dst) {
+        fl_pack_rgbx_generic(src, pixels, dst, 0);
     }
     #endif
     """
@@ -100,7 +90,7 @@ cdef extern from *:
         int64_t n_children
         const void** buffers
         FlArrowArray** children
-    uint64_t fl_pack_rgbx(const uint8_t* src, int64_t pixels, uint8_t* dst) noexcept nogil
+    void fl_pack_rgbx(const uint8_t* src, int64_t pixels, uint8_t* dst) noexcept nogil
 
 
 cdef const uint8_t* _arrow_rgbx(schema_capsule, array_capsule, Py_ssize_t pixels):
@@ -129,19 +119,17 @@ cdef const uint8_t* _arrow_rgbx(schema_capsule, array_capsule, Py_ssize_t pixels
 @cython.wraparound(False)
 def pack_rgb_arrow(schema_capsule, array_capsule, Py_ssize_t pixels, uint8_t[::1] out not None):
     """Write the ``pixels`` RGB pixels Pillow exported (``Image.__arrow_c_array__()``'s
-    two capsules) into ``out`` as packed 3-byte pixels; returns the sum of those
-    bytes as 64-bit little-endian words (``data_checksum`` less the length), or
-    None when the export is not one block of 4-byte pixels (the caller then
-    uses ``tobytes``)."""
-    if sys.byteorder != "little" or out.shape[0] != 3 * pixels:
+    two capsules) into ``out`` as packed 3-byte pixels; returns True, or None
+    when the export is not one block of 4-byte pixels (the caller then uses
+    ``tobytes``)."""
+    if out.shape[0] != 3 * pixels:
         return None
     cdef const uint8_t* src = _arrow_rgbx(schema_capsule, array_capsule, pixels)
     if src == NULL:
         return None
-    cdef uint64_t total
     with nogil:
-        total = fl_pack_rgbx(src, pixels, &out[0])
-    return total
+        fl_pack_rgbx(src, pixels, &out[0])
+    return True
 
 
 def resize_arrow_rgb_to_chw(schema_capsule, array_capsule, int width, int height, box,

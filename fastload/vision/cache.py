@@ -33,11 +33,17 @@ The first epoch sees the same cached image as later ones.  Images the cache
 does not keep (past ``cache_max_bytes``, or when the directory cannot be
 written) load exactly as without a cache.
 
-Entries are keyed by the file's absolute path, size, ``st_mtime_ns`` and
-inode, ``cache_max_side`` and the loader, so a changed or replaced file is
-decoded again, and one directory serves several settings.  A file that is gone
-raises what it raises without the cache.  Which format an entry was stored in
-does not matter to a reader.
+What keys an entry
+------------------
+Everything that decides its pixels (so one directory serves several settings
+and loaders side by side, none with another's pixels): the file (absolute
+path, size, ``st_mtime_ns``, inode: a changed or replaced file is decoded
+again), ``cache_max_side``, ``cache_format``, the checksum in use, and the
+loader (``cache_key.key_for_loader``: the user's ``cache_key=``, else the loader's
+identity).  A loader without a trustworthy identity and without ``cache_key``
+loads uncached, with one warning.  A file that is gone raises what it raises
+without the cache.  Off a local file system each writing process keeps to
+files of its own (``cache_filesystems``, ``cache_store``).
 """
 
 from __future__ import annotations
@@ -59,7 +65,10 @@ from PIL import Image
 
 from .. import _core
 from .._lifetime.hooks import at_fork
-from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes, data_checksum
+from .cache_checksums import checksum_name, data_checksum
+from .cache_filesystems import writers_kept_apart
+from .cache_key import UnidentifiedLoader, key_for_loader
+from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes
 from .cache_verified import VerifiedEntries
 from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
                      pil_loader, render_planned, split_planned_head)
@@ -78,6 +87,8 @@ _BYTES_PER_PIXEL = {"L": 1, "RGB": 3, "RGBA": 4}
 # while it meets images it has not seen stored, and re-counts the store's size.
 _REFRESH_SECONDS = 1.0
 _RESIZE_FILTER = Image.Resampling.LANCZOS
+# The start of every key: a new layout of keys makes every older entry a miss.
+_KEY_LAYOUT = b"fastload image cache key 2"
 
 Steps = Sequence[Callable[[Any], Any]]
 
@@ -93,9 +104,13 @@ def cached_size(width: int, height: int, max_side: int) -> tuple[int, int]:
 
 
 def make_image_cache(cache: str | os.PathLike | None, max_side: int = 512,
-                     max_bytes: int | None = None,
-                     format: str = "raw") -> "DecodedImageCache | None":
-    """The folder datasets' ``cache*`` arguments checked and turned into a cache (or None)."""
+                     max_bytes: int | None = None, format: str = "raw",
+                     key: str | None = None,
+                     loader: Callable[[str], Any] | None = None) -> "DecodedImageCache | None":
+    """The folder datasets' ``cache*`` arguments checked and turned into a cache (or None).
+
+    ``loader``: the dataset's, identified now, so that a loader the cache cannot
+    identify is warned of once, in this process, rather than in every worker."""
     if not isinstance(max_side, int) or isinstance(max_side, bool) or max_side < 1:
         raise ValueError(f"cache_max_side must be a positive int, got {max_side!r}")
     if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
@@ -103,12 +118,20 @@ def make_image_cache(cache: str | os.PathLike | None, max_side: int = 512,
         raise ValueError(f"cache_max_bytes must be None or an int >= 0, got {max_bytes!r}")
     if format not in CACHE_FORMATS:
         raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {format!r}")
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"cache_key must be None or a str naming the loader, got "
+                        f"{type(key).__name__}")
+    if key == "":
+        raise ValueError("cache_key must be None or a non-empty str naming the loader")
     if cache is None:
         return None
     if not isinstance(cache, (str, os.PathLike)):
         raise TypeError(f"cache must be a directory path (str or os.PathLike), got "
                         f"{type(cache).__name__}")
-    return DecodedImageCache(cache, max_side=max_side, max_bytes=max_bytes, format=format)
+    made = DecodedImageCache(cache, max_side=max_side, max_bytes=max_bytes, format=format, key=key)
+    if loader is not None:
+        made.loader_key(loader)
+    return made
 
 
 class DecodedImageCache:
@@ -116,25 +139,33 @@ class DecodedImageCache:
 
     ``load`` is what the dataset calls per sample; ``stats()`` counts this
     process's hits, fills and skips.  Picklable (a spawned worker opens the
-    store itself); a forked one shares its parent's index pages.
+    store itself); a forked one shares its parent's index pages.  ``key``:
+    the user's name for the loader (``cache_key=``), or None to identify it.
     """
 
     def __init__(self, directory: str | os.PathLike, max_side: int = 512,
-                 max_bytes: int | None = None, format: str = "raw") -> None:
+                 max_bytes: int | None = None, format: str = "raw",
+                 key: str | None = None) -> None:
         self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
         self.max_side, self.max_bytes, self.format = max_side, max_bytes, format
-        self._usable, self._warned = True, False
+        self.key = key
+        self._usable, self._warned, self._warned_loader = True, False, False
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as error:
             self._usable = False
             self._warn(error, "cannot be created")
+        # Off a local file system, writers keep to files of their own (warned once).
+        self._solo = self._usable and writers_kept_apart(self.directory)
         self._start_process()
         _LIVE_CACHES.add(self)
 
     def _start_process(self) -> None:
         """Per-process state: a fresh table and maps, no writer yet, zeroed stats."""
         self._pid = os.getpid()
+        self._settings = struct.pack("<q", self.max_side) + b"\0".join(
+            (self.format.encode(), checksum_name().encode()))
+        self._loader_memo: tuple[Any, bytes | None] = (None, None)
         self._table = IndexTable(self.directory)
         self._files = DataFiles(self.directory)
         self._verified = VerifiedEntries()
@@ -150,18 +181,45 @@ class DecodedImageCache:
 
     def __getstate__(self) -> dict:
         return dict(directory=self.directory, max_side=self.max_side, max_bytes=self.max_bytes,
-                    format=self.format, usable=self._usable)
+                    format=self.format, key=self.key, usable=self._usable, solo=self._solo,
+                    warned_loader=self._warned_loader)
 
     def __setstate__(self, state: dict) -> None:
         self.directory, self.max_side = state["directory"], state["max_side"]
-        self.max_bytes, self.format, self._usable = state["max_bytes"], state["format"], \
-            state["usable"]
+        self.max_bytes, self.format, self.key = state["max_bytes"], state["format"], state["key"]
+        self._usable, self._solo = state["usable"], state["solo"]
+        self._warned_loader = state["warned_loader"]
         self._start_process()
         _LIVE_CACHES.add(self)
 
     def __repr__(self) -> str:
         return (f"DecodedImageCache({self.directory!r}, max_side={self.max_side}, "
-                f"max_bytes={self.max_bytes}, format={self.format!r})")
+                f"max_bytes={self.max_bytes}, format={self.format!r}, key={self.key!r})")
+
+    def loader_key(self, loader: Callable[[str], Any]) -> bytes | None:
+        """What stands for ``loader`` in its entries' keys: ``cache_key`` when given,
+        else its identity (``cache_key.loader_identity``); None when it has none
+        (warned once: its images load uncached)."""
+        memo_loader, memo = self._loader_memo
+        if memo_loader is loader and memo_loader is not None:
+            return memo
+        try:
+            identity: bytes | None = key_for_loader(loader, self.key)
+        except UnidentifiedLoader as reason:
+            identity = None
+            self._warn_unidentified(loader, reason)
+        self._loader_memo = (loader, identity)
+        return identity
+
+    def _warn_unidentified(self, loader: Any, reason: UnidentifiedLoader) -> None:
+        if self._warned_loader:
+            return
+        self._warned_loader = True
+        warnings.warn(f"fastload image cache {self.directory!r}: the loader {loader!r} cannot "
+                      f"be told apart from other loaders (it depends on {reason}), so its "
+                      f"images are loaded without the cache; pass cache_key='<a name for this "
+                      f"loader>' to cache them (a name that changes whenever its pixels do)",
+                      RuntimeWarning, stacklevel=4)
 
     def stats(self) -> dict:
         """This process's counts: ``hits`` (read from the store), ``stored`` and
@@ -183,10 +241,13 @@ class DecodedImageCache:
             return None
         if self._pid != os.getpid():
             self._after_fork()
+        identity = self.loader_key(loader)
+        if identity is None:
+            self._stats["not_cached"] += 1
+            return None
         with reading:
             stat = os.stat(path)
-        tag = _loader_tag(loader)
-        key = self._key(path, stat, tag)
+        key = self._key(path, stat, identity)
         entry = self._find(key)
         if entry is not None:
             done = self._from_entry(entry, transform)
@@ -197,7 +258,7 @@ class DecodedImageCache:
                 self.max_bytes is not None and self._store_bytes() >= self.max_bytes):
             self._stats["not_cached"] += 1
             return None
-        img, key = self._decode_full(path, loader, tag, key, reading)
+        img, key = self._decode_full(path, loader, identity, key, reading)
         if not isinstance(img, Image.Image) or img.mode not in _MODE_NUMBERS:
             self._stats["not_cached"] += 1  # nothing the store can hold: as it is
             return img, (() if transform is None else (transform,))
@@ -213,11 +274,15 @@ class DecodedImageCache:
         return self._from_payload(payload, fitted.width, fitted.height, fitted.mode, fmt,
                                   transform)
 
-    def _key(self, path: str, stat: os.stat_result, tag: str) -> tuple[int, int]:
-        digest = hashlib.blake2b(os.fsencode(os.path.abspath(path)), digest_size=16)
-        digest.update(struct.pack("<qqQq", stat.st_size, stat.st_mtime_ns, stat.st_ino,
-                                  self.max_side))
-        digest.update(tag.encode("utf-8", "surrogateescape"))
+    def _key(self, path: str, stat: os.stat_result, identity: bytes) -> tuple[int, int]:
+        """The entry's 128-bit key: the file, the settings, and the loader."""
+        name = os.fsencode(os.path.abspath(path))
+        digest = hashlib.blake2b(_KEY_LAYOUT, digest_size=16)
+        digest.update(struct.pack("<QqqQ", len(name), stat.st_size, stat.st_mtime_ns,
+                                  stat.st_ino))
+        digest.update(name)
+        digest.update(struct.pack("<Q", len(self._settings)) + self._settings)
+        digest.update(identity)
         raw = digest.digest()
         return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
 
@@ -286,7 +351,7 @@ class DecodedImageCache:
 
     # -- filling ------------------------------------------------------------
 
-    def _decode_full(self, path: str, loader: Callable[[str], Any], tag: str,
+    def _decode_full(self, path: str, loader: Callable[[str], Any], identity: bytes,
                      key: tuple[int, int], reading: AbstractContextManager
                      ) -> tuple[Any, tuple[int, int] | None]:
         """The loader's image, decoded in full, and the key of the file decoded
@@ -298,11 +363,11 @@ class DecodedImageCache:
                 with reading:
                     stat = os.fstat(f.fileno())
                     img = _as_rgb(Image.open(f))
-            return img, self._key(path, stat, tag)  # the file decoded, even if just replaced
+            return img, self._key(path, stat, identity)  # the file decoded, even if replaced
         with reading:
             img = loader(path)
         try:
-            after = self._key(path, os.stat(path), tag)
+            after = self._key(path, os.stat(path), identity)
         except OSError:
             after = None
         return img, (key if after == key else None)
@@ -333,7 +398,7 @@ class DecodedImageCache:
         try:
             with self._lock:
                 if self._writer is None:
-                    self._writer = StoreWriter(self.directory)
+                    self._writer = StoreWriter(self.directory, solo=self._solo)
                 record, at, added = self._writer.append(key[0], key[1], payload, img.width,
                                                  img.height, _MODE_NUMBERS[img.mode], fmt,
                                                  data_sum)
@@ -384,19 +449,18 @@ def _own_entry(record: Any, stem: str) -> Entry:
 
 
 def _packed_rgb(img: Image.Image) -> tuple[np.ndarray, int] | None:
-    """An RGB image's packed pixels and their ``data_checksum``, in one copy out of
-    Pillow's memory (``_core.pack_rgb_arrow``); None where Pillow cannot lend it
-    (``resample.pillow_memory``)."""
+    """An RGB image's packed pixels, in one copy out of Pillow's memory
+    (``_core.pack_rgb_arrow``), and their ``data_checksum``; None where Pillow
+    cannot lend it (``resample.pillow_memory``)."""
     lent = pillow_memory(img)
     if lent is None:
         return None
     schema, array = lent
     pixels = img.width * img.height
     out = np.empty(3 * pixels, dtype=np.uint8)
-    total = _core.pack_rgb_arrow(schema, array, pixels, out)
-    if total is None:
+    if _core.pack_rgb_arrow(schema, array, pixels, out) is None:
         return None
-    return out, (total + len(out)) & 0xFFFFFFFFFFFFFFFF
+    return out, data_checksum(out)
 
 
 def _fused_from_pixels(payload: Any, width: int, height: int, transform: Any
@@ -418,14 +482,6 @@ def _fused_from_pixels(payload: Any, width: int, height: int, transform: Any
     flip = flip_step.flips() if flip_step is not None else False
     return (resize_rgb_bytes_to_chw(payload, width, height, plan.box, plan.size, plan.resample,
                                     flip), rest[fused_steps:])
-
-
-def _loader_tag(loader: Callable[[str], Any]) -> str:
-    """What part of an entry's key says which loader made the image."""
-    if loader is default_loader or loader is pil_loader:
-        return "rgb"
-    kind = loader if hasattr(loader, "__qualname__") else type(loader)
-    return f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', repr(kind))}"
 
 
 # Before a fork, each live cache reads what the store gained, so forked

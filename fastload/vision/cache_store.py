@@ -21,6 +21,16 @@ later process finds a pair whose owner is gone (its lock is free), it adopts
 it: it cuts off the uncommitted tail of both files and appends there, so the
 number of files stays that of the most writers that ever ran at once.
 
+Taking a pair over rests on ``flock``, which only a local file system keeps
+(NFS emulates it with ``fcntl`` locks that any ``close()`` of the file by the
+owner releases; other network and FUSE file systems may keep it per host, or
+not at all).  So a writer takes pairs over only on a local file system
+(``cache_filesystems``); elsewhere it is *solo*: it makes a new pair, named
+``*.solo.index``, that no writer ever takes over, cuts or rewrites, so committed
+bytes never change whatever the locks do.  And a process never opens another
+descriptor of an index it holds locked (closing one would drop an ``fcntl``
+lock): it reads its own indexes through the writer's descriptor (``_HELD``).
+
 Readers keep the index as numpy arrays (``IndexTable``): forked workers that
 look entries up write nothing to the pages they share with their parent.
 """
@@ -33,15 +43,26 @@ import mmap
 import os
 import secrets
 import socket
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RECORD", "RECORD_SIZE", "Entry", "IndexTable", "StoreWriter", "DataFiles",
-           "data_bytes", "data_checksum"]
+from .cache_checksums import checksum_name, data_checksum, record_checks
+
+__all__ = ["RECORD", "RECORD_SIZE", "VERSION", "Entry", "IndexTable", "StoreWriter", "DataFiles",
+           "data_bytes", "data_checksum", "checksum_name", "SOLO_SUFFIX"]
 
 RECORD_SIZE = 64
 _MAGIC = int.from_bytes(b"FLC1", "little")
+# The layout's version, in every record.  2: entries keyed on the loader's
+# identity, the format and the checksum (``cache_key``), bytes checked by XXH3
+# (or CRC32) and records by ``record_checks``' mix.  Readers skip other versions,
+# so a directory an older fastload filled serves none of its entries; a
+# writer taking a pair over cuts such records off with the uncommitted tail.
+VERSION = 2
+# The name of a solo writer's pair ends so: one no writer ever takes over.
+SOLO_SUFFIX = ".solo"
 RECORD = np.dtype({
     "names": ["magic", "version", "key_hi", "key_lo", "offset", "length",
               "width", "height", "mode", "format", "data_sum", "check"],
@@ -49,36 +70,69 @@ RECORD = np.dtype({
     "offsets": [0, 4, 8, 16, 24, 32, 40, 44, 48, 49, 52, 60],
     "itemsize": RECORD_SIZE,
 })
-# The record checksum: a position-weighted sum of its first 15 32-bit words,
-# vectorisable over a whole index file (a CRC per record would be a Python loop).
-_WEIGHTS = np.arange(1, 31, 2, dtype=np.uint64)
 _PENDING = 4096
 _ALIGN = 64
 
 
-def _checksums(records: np.ndarray) -> np.ndarray:
-    words = records.view(np.uint32).reshape(len(records), 16)[:, :15].astype(np.uint64)
-    return ((words * _WEIGHTS).sum(axis=1) ^ 0x5EED) & 0xFFFFFFFF
-
-
-def data_checksum(data: bytes | memoryview) -> int:
-    """A 64-bit checksum of an entry's bytes: their sum as 64-bit words (the tail
-    zero-padded) plus the length.
-
-    What it must catch is what a crash of the machine does to a file: pages
-    of zeros, or stale pages, where the bytes should be.  A sum does that, at
-    memory speed (zlib's CRC32 is several times slower, a large part of reading
-    a cached image).  Entries start 64-byte aligned, so the words are.
-    """
-    view = memoryview(data).cast("B")
-    whole = len(view) // 8 * 8
-    total = int(np.add.reduce(np.frombuffer(view[:whole], np.uint64))) if whole else 0
-    total += int.from_bytes(bytes(view[whole:]), "little") + len(view)
-    return total & 0xFFFFFFFFFFFFFFFF
-
-
 def _valid(records: np.ndarray) -> np.ndarray:
-    return (records["magic"] == _MAGIC) & (records["check"] == _checksums(records))
+    return ((records["magic"] == _MAGIC) & (records["version"] == VERSION)
+            & (records["check"] == record_checks(records)))
+
+
+# The index files this process holds locked, by (st_dev, st_ino): the writer's
+# descriptor.  Reads of those go through it (``os.pread``): opening and closing
+# another descriptor of the file would release an ``fcntl`` lock.  A forked
+# child holds none of them (``_held_here``).
+_HELD: dict[tuple[int, int], int] = {}
+_HELD_LOCK = threading.Lock()
+_HELD_PID = [os.getpid()]
+
+
+def _held_here() -> dict[tuple[int, int], int]:
+    if _HELD_PID[0] != os.getpid():
+        _HELD.clear()
+        _HELD_PID[0] = os.getpid()
+    return _HELD
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _read_from(fd: int, start: int) -> bytes:
+    """The bytes of an open file from ``start`` to its end, by ``pread``."""
+    size = os.fstat(fd).st_size
+    chunks = []
+    while start < size:
+        chunk = os.pread(fd, size - start, start)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        start += len(chunk)
+    return b"".join(chunks)
+
+
+def read_index_tail(path: str, start: int) -> bytes | None:
+    """An index file's bytes from ``start`` on; through this process's own writer's
+    descriptor when it holds the file, never a second one.  None if unreadable."""
+    file_id = _file_id(path)
+    with _HELD_LOCK:
+        held = _held_here().get(file_id) if file_id is not None else None
+        if held is not None:
+            try:
+                return _read_from(held, start)
+            except OSError:
+                return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read()
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -164,11 +218,8 @@ class IndexTable:
 
     def _read_new_records(self, name: str) -> np.ndarray | None:
         start = self._read_upto.get(name, 0)
-        try:
-            with open(os.path.join(self.directory, name), "rb") as f:
-                f.seek(start)
-                raw = f.read()
-        except OSError:
+        raw = read_index_tail(os.path.join(self.directory, name), start)
+        if raw is None:
             return None
         raw = raw[:len(raw) - len(raw) % RECORD_SIZE]
         if not raw:
@@ -287,27 +338,36 @@ def data_bytes(directory: str) -> int:
 class StoreWriter:
     """This process's data file and index in a cache directory (adopted or new).
 
-    Any ``OSError`` (no space, a read-only file system) is the caller's to
-    handle; what was written before it stays uncommitted, and the next owner of
-    the pair cuts it off.
+    ``solo``: never take a pair over (the directory is not on a local file
+    system, where ``flock`` cannot be trusted): make a new ``*.solo`` pair,
+    and lock nothing.  Any ``OSError`` (no space, a read-only file system) is
+    the caller's to handle; what was written before it stays uncommitted, and
+    the next owner of the pair (if it may have one) cuts it off.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, solo: bool = False) -> None:
         self.directory = directory
         self.pid = os.getpid()
         self._index_fd = self._data_fd = -1
         self._end = 0
-        if not self._adopt_one():
-            self._create()
+        self._held: tuple[int, int] | None = None
+        if solo or not self._adopt_one():
+            self._create(solo)
 
     def _adopt_one(self) -> bool:
         try:
-            names = sorted(n for n in os.listdir(self.directory) if n.endswith(".index"))
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith(".index")
+                           and not n.endswith(SOLO_SUFFIX + ".index"))
         except OSError:
             return False
         for name in names:
+            path = os.path.join(self.directory, name)
+            file_id = _file_id(path)
+            with _HELD_LOCK:
+                if file_id is None or file_id in _held_here():
+                    continue  # this process's own: opening it again could drop its lock
             try:
-                fd = os.open(os.path.join(self.directory, name), os.O_RDWR | os.O_APPEND)
+                fd = os.open(path, os.O_RDWR | os.O_APPEND)
             except OSError:
                 continue
             try:
@@ -317,6 +377,7 @@ class StoreWriter:
                 continue
             try:
                 self._take_over(fd, name[:-len(".index")])
+                self._hold(fd)
                 return True
             except OSError:
                 os.close(fd)
@@ -325,10 +386,16 @@ class StoreWriter:
                     self._data_fd = -1
         return False
 
+    def _hold(self, index_fd: int) -> None:
+        """Note the locked index as this process's (reads go through ``index_fd``)."""
+        stat = os.fstat(index_fd)
+        with _HELD_LOCK:
+            self._held = (stat.st_dev, stat.st_ino)
+            _held_here()[self._held] = index_fd
+
     def _take_over(self, index_fd: int, stem: str) -> None:
         """Cut the pair back to its last committed entry and make it this writer's."""
-        size = os.fstat(index_fd).st_size
-        raw = os.pread(index_fd, size, 0)
+        raw = _read_from(index_fd, 0)
         records = np.frombuffer(raw[:len(raw) - len(raw) % RECORD_SIZE], dtype=RECORD)
         valid = _valid(records)
         kept = np.flatnonzero(valid)
@@ -347,9 +414,10 @@ class StoreWriter:
         self._index_fd, self._end = index_fd, end
         self.stem, self._index_size = stem, keep_records * RECORD_SIZE
 
-    def _create(self) -> None:
+    def _create(self, solo: bool) -> None:
         for _ in range(8):
             stem = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+            stem += SOLO_SUFFIX if solo else ""
             index_path = os.path.join(self.directory, stem + ".index")
             data_fd = os.open(os.path.join(self.directory, stem + ".data"),
                               os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -360,13 +428,16 @@ class StoreWriter:
                 os.close(data_fd)
                 raise
             try:
-                fcntl.flock(index_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not solo:
+                    fcntl.flock(index_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # another process adopted the new pair first: make another
                 os.close(index_fd)
                 os.close(data_fd)
                 continue
             self._index_fd, self._data_fd, self._end = index_fd, data_fd, 0
             self.stem, self._index_size = stem, 0
+            if not solo:
+                self._hold(index_fd)
             return
         raise OSError(errno.EAGAIN, "could not create a cache file pair", self.directory)
 
@@ -387,19 +458,23 @@ class StoreWriter:
             written += count
         self._end = offset + written
         record = np.zeros(1, RECORD)
-        record["magic"], record["version"] = _MAGIC, 1
+        record["magic"], record["version"] = _MAGIC, VERSION
         record["data_sum"] = data_checksum(view) if data_sum is None else data_sum
         record["key_hi"], record["key_lo"] = key_hi, key_lo
         record["offset"], record["length"] = offset, len(view)
         record["width"], record["height"] = width, height
         record["mode"], record["format"] = mode, fmt
-        record["check"] = _checksums(record)
+        record["check"] = record_checks(record)
         if os.write(self._index_fd, record.tobytes()) != RECORD_SIZE:
             raise OSError(errno.EIO, "short write to the cache index", self.directory)
         at, self._index_size = self._index_size, self._index_size + RECORD_SIZE
         return record, at, self._end - start
 
     def close(self) -> None:
+        with _HELD_LOCK:  # no read goes through the descriptor once it is closed
+            if self._held is not None and _held_here().get(self._held) == self._index_fd:
+                del _HELD[self._held]
+            self._held = None
         for fd in (self._index_fd, self._data_fd):
             if fd >= 0:
                 try:

@@ -259,6 +259,10 @@ class DatasetFolder(VisionDataset):
         cache_max_bytes: past this many bytes in the store, images are not cached.
         cache_format: ``"raw"`` (uint8 pixels) or ``"jpeg"`` (re-encoded at
             quality 90: smaller, for datasets whose raw pixels would not fit).
+        cache_key: a name for ``loader`` that the cache keys its entries on
+            instead of identifying the loader itself (a partial's function and
+            arguments, a function's code...); needed for a loader it cannot
+            identify (a callable object, say), which is otherwise not cached.
 
     Attributes (torchvision's): ``root``, ``loader``, ``extensions``, ``classes``,
     ``class_to_idx``, ``samples`` (a list-like of ``(path, class_index)``,
@@ -280,9 +284,10 @@ class DatasetFolder(VisionDataset):
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, *, cache: str | os.PathLike | None = None,
                  cache_max_side: int = 512, cache_max_bytes: int | None = None,
-                 cache_format: str = "raw") -> None:
+                 cache_format: str = "raw", cache_key: str | None = None) -> None:
         # Checked first: a bad cache argument fails before a long scan.
-        self.image_cache = make_image_cache(cache, cache_max_side, cache_max_bytes, cache_format)
+        self.image_cache = make_image_cache(cache, cache_max_side, cache_max_bytes, cache_format,
+                                            cache_key, loader)
         # root, transform, target_transform and their combined transforms, as torchvision's.
         super().__init__(root, transform=transform, target_transform=target_transform)
         classes, class_to_idx = self.find_classes(self.root)
@@ -398,12 +403,12 @@ class ImageFolder(DatasetFolder):
                  is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, *, cache: str | os.PathLike | None = None,
                  cache_max_side: int = 512, cache_max_bytes: int | None = None,
-                 cache_format: str = "raw") -> None:
+                 cache_format: str = "raw", cache_key: str | None = None) -> None:
         super().__init__(root, loader, IMG_EXTENSIONS if is_valid_file is None else None,
                          transform=transform, target_transform=target_transform,
                          is_valid_file=is_valid_file, allow_empty=allow_empty, cache=cache,
                          cache_max_side=cache_max_side, cache_max_bytes=cache_max_bytes,
-                         cache_format=cache_format)
+                         cache_format=cache_format, cache_key=cache_key)
 
     @property
     def imgs(self) -> SampleTable:
