@@ -49,10 +49,10 @@ from typing import Any, Protocol
 from PIL import Image
 
 from .resample import fusable
-from .transforms import Compose, RandomHorizontalFlip, RegionPlan, ToArray
+from .transforms import Compose, RandomHorizontalFlip, RegionPlan, ToArray, covering_reduction
 
 __all__ = ["pil_loader", "default_loader", "RegionPlanner", "split_planned_head", "decode_planned",
-           "decode_planned_stream", "render_planned"]
+           "decode_planned_stream", "render_planned", "decode_covering"]
 
 
 def pil_loader(path: str) -> Image.Image:
@@ -185,6 +185,28 @@ def _flip_and_to_array(steps: Sequence[Any]) -> tuple[RandomHorizontalFlip | Non
     if len(steps) >= 1 and type(steps[0]) is ToArray:
         return None, 1
     return None, 0
+
+
+def decode_covering(f: Any, out_size: Callable[[int, int], tuple[int, int]],
+                    reading: AbstractContextManager = nullcontext()
+                    ) -> tuple[Image.Image, tuple[int, int], int]:
+    """``(image, (full width, full height), reduction)``: the image in ``f`` decoded as
+    RGB at the smallest JPEG scale whose pixels still cover ``out_size(full width,
+    full height)`` (a not-JPEG decodes in full: reduction 1).
+
+    The step ``Image.thumbnail`` takes, without its reducing gap.  To resize
+    it as a full decode would be, use the full frame's box in its pixels,
+    ``(0, 0, width / reduction, height / reduction)``: a reduced pixel ``k``
+    covers full pixels ``[k*s, (k+1)*s)``.
+    """
+    with reading:
+        img = Image.open(f)
+        width, height = img.size
+        reduction = covering_reduction(width, height, *out_size(width, height))
+        if reduction > 1:
+            reduction = _draft(img, reduction)
+        img = _as_rgb(img)
+    return img, (width, height), reduction
 
 
 def _draft(img: Image.Image, reduction: int) -> int:
