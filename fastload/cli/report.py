@@ -6,6 +6,7 @@ import os
 import statistics
 from typing import Any
 
+from .fidelity import decode_psnr
 from .measure import compare_rounds, measure_fastload_cached, measure_pipeline_limit, measure_torch
 from .pipelines import CROP_SIZE, image_folder, reduced_decode_shares
 from .plot import plot_scaling
@@ -41,6 +42,22 @@ def _decode_line(root: str, options: Any) -> str:
             f"images ({reduced}){rest}; torch full; --decode full compares like for like")
 
 
+def _fidelity_line(root: str, options: Any) -> str | None:
+    """The default decode's PSNR against torchvision's decode-crop-resize on the same
+    crops; None under ``--decode full`` (bit-identical by construction)."""
+    if options.decode == "full":
+        return None
+    found = decode_psnr(root, max_images=options.max_images, seed=options.seed)
+    if found.probed == 0:
+        return None
+    if found.mean_psnr_db is None:
+        return (f"  fidelity: fastload's pixels equal torchvision's decode-crop-resize on all "
+                f"{found.probed} probed crops")
+    return (f"  fidelity: fastload's default decode vs torchvision's decode-crop-resize, same "
+            f"crops: mean PSNR {found.mean_psnr_db:.1f} dB (lowest {found.min_psnr_db:.1f}) over "
+            f"the {found.differing} of {found.probed} probed crops that differ")
+
+
 def measure_and_report(options: Any) -> int:
     """Measure what parsed ``options`` ask for, printing each line as its figure lands."""
     progress = not options.no_progress
@@ -67,10 +84,14 @@ def measure_and_report(options: Any) -> int:
 
     common = dict(max_images=options.max_images, seed=options.seed, decode=options.decode)
     if getattr(options, "cache", None) is not None:
-        print("  decode: fastload decodes in full while epoch 1 fills the cache, then reads "
-              "cached pixels; torch full", flush=True)
+        print("  decode: fastload fills the cache from the smallest JPEG scale that still "
+              "covers --cache-max-side in epoch 1, then reads cached pixels; torch full",
+              flush=True)
         return _report_cached(options, root, rounds, progress, common)
     print(_decode_line(root, options), flush=True)
+    fidelity = _fidelity_line(root, options)
+    if fidelity is not None:
+        print(fidelity, flush=True)
     pipeline = measure_pipeline_limit(root, options.workers, progress=progress, **common)
     limit = pipeline["limit_images_per_s"]
     print(_line("pipeline, no loader, 1 proc", pipeline))

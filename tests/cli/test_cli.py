@@ -160,11 +160,15 @@ def test_bench_says_which_decode_each_side_used(photo_folder, decode):
                    "--no-progress")
     assert done.returncode == 0, done.stderr
     (line,) = [text for text in done.stdout.splitlines() if text.strip().startswith("decode:")]
+    fidelity = [text for text in done.stdout.splitlines() if text.strip().startswith("fidelity:")]
     if decode == "full":
         assert "full on both sides" in line
+        assert fidelity == []  # bit-identical by construction: nothing to measure
     else:
         assert re.search(r"fastload reduced-size JPEG decode for \d+% of images \(1/\d", line), line
         assert "torch full" in line and "--decode full" in line
+        assert re.search(r"mean PSNR \d+\.\d dB \(lowest \d+\.\d\) over the \d+ of \d+ probed",
+                         fidelity[0]), fidelity
 
 
 def test_bench_on_small_images_says_both_decode_in_full(tiny_folder):
