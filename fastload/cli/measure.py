@@ -133,15 +133,17 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
                   progress: bool = False) -> dict:
     """Images/s of ``torch.utils.data.DataLoader`` with a torchvision user's equivalent pipeline.
 
-    It always decodes in full, as torchvision does; ``decode`` is accepted so
-    every ``measure_*`` takes the same options.
+    It decodes in full, as torchvision does, except under
+    ``decode="both-reduced"``: then its loader asks Pillow for a reduced-size
+    decode (``TorchvisionStylePipeline(draft=True)``).
     """
     import torch
     import torch.utils.data
 
     folder = image_folder(root)  # only for the file list: torchvision's order, same files
     indices = sample_indices(len(folder), max_images)
-    dataset: Any = TorchvisionStylePipeline(list(folder.samples), CROP_SIZE)
+    dataset: Any = TorchvisionStylePipeline(list(folder.samples), CROP_SIZE,
+                                            draft=decode == "both-reduced")
     if indices is not None:
         dataset = torch.utils.data.Subset(dataset, indices.tolist())
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,

@@ -32,14 +32,19 @@ def _decode_line(root: str, options: Any) -> str:
     shares = reduced_decode_shares(root, max_images=options.max_images, seed=options.seed)
     if not any(shares.values()):
         return "  decode: unknown (none of the probed files could be opened)"
+    torch = ("torch's loader Pillow draft to 224x224 (--decode both-reduced)"
+             if options.decode == "both-reduced" else
+             "torch full; --decode full or both-reduced compares like for like")
     if shares[1] == 1.0:
-        return ("  decode: full on both sides (no crop is large enough for a reduced-size "
-                "JPEG decode)")
+        if options.decode == "auto":
+            return ("  decode: full on both sides (no crop is large enough for a reduced-size "
+                    "JPEG decode)")
+        return f"  decode: fastload full (no crop is large enough for a reduced-size one); {torch}"
     reduced = ", ".join(f"1/{r}: {100 * share:.0f}%" for r, share in shares.items()
                         if r > 1 and share > 0)
     rest = ", full for the rest" if shares[1] > 0 else ""
     return (f"  decode: fastload reduced-size JPEG decode for {100 * (1 - shares[1]):.0f}% of "
-            f"images ({reduced}){rest}; torch full; --decode full compares like for like")
+            f"images ({reduced}){rest}; {torch}")
 
 
 def _fidelity_line(root: str, options: Any) -> str | None:

@@ -154,7 +154,7 @@ def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no
     assert stderr.strip() == "fastload bench: interrupted"
 
 
-@pytest.mark.parametrize("decode", ["auto", "full"])
+@pytest.mark.parametrize("decode", ["auto", "full", "both-reduced"])
 def test_bench_says_which_decode_each_side_used(photo_folder, decode):
     done = run_cli("bench", photo_folder, "--workers", "0", "--batch-size", "4", "--decode", decode,
                    "--no-progress")
@@ -166,7 +166,10 @@ def test_bench_says_which_decode_each_side_used(photo_folder, decode):
         assert fidelity == []  # bit-identical by construction: nothing to measure
     else:
         assert re.search(r"fastload reduced-size JPEG decode for \d+% of images \(1/\d", line), line
-        assert "torch full" in line and "--decode full" in line
+        if decode == "auto":
+            assert "torch full" in line and "--decode full" in line
+        else:
+            assert "torch's loader Pillow draft to 224x224" in line
         assert re.search(r"mean PSNR \d+\.\d dB \(lowest \d+\.\d\) over the \d+ of \d+ probed",
                          fidelity[0]), fidelity
 
