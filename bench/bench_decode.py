@@ -17,18 +17,26 @@ The 1/8 draft is the floor of any decode that must read every row: libjpeg
 has to Huffman-decode the entropy-coded data of each row above a crop's
 bottom whatever else it skips, so ``1/8 draft / full`` says how much of a
 decode a region-of-interest decode could save at most.  Median of rounds;
-rows rotate within a round.
+rows rotate within a round; CPU time of this process (``time.process_time``),
+which other load on the machine moves less than wall time.
 
-    python bench/bench_decode.py --rounds 5
+``--per-sample`` adds where a 500x375 sample's time goes: fastload's whole
+sample (``ImageFolder`` with RandomResizedCrop(224), flip, ToArray) and
+torch's (``fastload.cli.TorchvisionStylePipeline``, torch imported), beside
+the decode rows, from files on disk.
+
+    python bench/bench_decode.py --rounds 5 --per-sample
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import numpy as np
 from PIL import Image
@@ -65,22 +73,12 @@ def pillow_draft(reduction: int) -> Callable[[bytes], None]:
     return decode
 
 
-def fastload_path(data: bytes) -> None:
-    _decode_for_plan(io.BytesIO(data), _HEAD, _NO_ERRORS)
-
-
 _HEAD = RandomResizedCrop(CROP)
 
 
-class _NoErrors:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_ERRORS = _NoErrors()
+def fastload_path(data: bytes) -> None:
+    # decode_planned's decode, without the resize after it.
+    _decode_for_plan(io.BytesIO(data), _HEAD, nullcontext())
 
 
 def rows() -> dict[str, Callable[[bytes], None]]:
@@ -106,10 +104,41 @@ def measure(images: list[bytes], rounds: int) -> dict[str, float]:
         for name in order:
             seed_transform_rng(0, round_index)  # the same crops for the fastload row
             decode = ways[name]
-            start = time.perf_counter()
+            start = time.process_time()
             for data in images:
                 decode(data)
-            timings[name].append(len(images) / (time.perf_counter() - start))
+            timings[name].append(len(images) / (time.process_time() - start))
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
+def per_sample(images: list[bytes], rounds: int) -> dict[str, float]:
+    """Milliseconds of CPU per 500x375 sample: fastload's and torch's whole pipelines."""
+    import tempfile
+
+    import torch
+
+    from fastload.cli import TorchvisionStylePipeline, standard_transform
+    from fastload.vision import ImageFolder
+
+    torch.set_num_threads(1)  # as in a loader's worker
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as root:
+        os.makedirs(os.path.join(root, "a"))
+        for index, data in enumerate(images):
+            with open(os.path.join(root, "a", f"{index:04d}.jpg"), "wb") as f:
+                f.write(data)
+        folder = ImageFolder(root, transform=standard_transform())
+        theirs = TorchvisionStylePipeline(list(folder.samples), CROP)
+        sides = {"fastload sample (decode + fused crop/resize/flip/ToArray)": folder,
+                 "torch sample (decode, crop, resize, flip, to tensor)": theirs}
+        timings: dict[str, list[float]] = {name: [] for name in sides}
+        for round_index in range(rounds):
+            for name, dataset in sides.items():
+                seed_transform_rng(0, round_index)
+                torch.manual_seed(round_index)
+                start = time.process_time()
+                for index in range(len(dataset)):
+                    dataset[index]
+                timings[name].append(1e3 * (time.process_time() - start) / len(dataset))
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
@@ -118,22 +147,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--small", type=int, default=100, help="500x375 images (default 100)")
     parser.add_argument("--large", type=int, default=4, help="4000x3000 images (default 4)")
+    parser.add_argument("--per-sample", action="store_true",
+                        help="also time whole 500x375 samples, fastload's and torch's")
     parser.add_argument("--write", action="store_true", help="replace the section in RESULTS.md")
     options = parser.parse_args()
     lines = ["| decode | " + " | ".join(f"{w}x{h} images/s/core" for w, h in SIZES) +
-             " | share of full decode's time |", "|---|---:|---:|---:|"]
-    results = [measure(corpus(w, h, count), options.rounds)
-               for (w, h), count in zip(SIZES, (options.small, options.large))]
+             " | time / full decode's |", "|---|---:|---:|---:|"]
+    small = corpus(*SIZES[0], options.small)
+    results = [measure(small, options.rounds),
+               measure(corpus(*SIZES[1], options.large), options.rounds)]
     for name in results[0]:
         cells = [f"{result[name]:,.0f}" if result[name] >= 100 else f"{result[name]:.1f}"
                  for result in results]
-        shares = "/".join(f"{result['Pillow full'] / result[name]:.2f}" for result in results)
+        shares = " / ".join(f"{result['Pillow full'] / result[name]:.2f}" for result in results)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {shares} |")
+    if options.per_sample:
+        full_ms = 1e3 / results[0]["Pillow full"]
+        lines += ["", "| 500x375 sample | ms of CPU | / Pillow full decode |", "|---|---:|---:|"]
+        for name, ms in per_sample(small, options.rounds).items():
+            lines.append(f"| {name} | {ms:.2f} | {ms / full_ms:.2f} |")
     table = "\n".join(lines)
     print(table)
     if options.write:
+        flags = " --per-sample" if options.per_sample else ""
         write_section("bench_decode", "### JPEG decode alone (`python bench/bench_decode.py "
-                      f"--rounds {options.rounds} --write`)\n\n" + table)
+                      f"--rounds {options.rounds}{flags} --write`)\n\n" + table)
 
 
 if __name__ == "__main__":

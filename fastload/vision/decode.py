@@ -44,6 +44,13 @@ When no reduction applies (non-JPEG, small box, NEAREST interpolation) the
 image is decoded fully and the transform's exact crop-then-resize is used, so
 the result is bit-identical to calling the transform on ``pil_loader(path)``.
 
+Through simplejpeg
+------------------
+When the output is fused into an array (below) and simplejpeg is installed,
+a JPEG it can decode exactly as Pillow does is decoded by it, at the same
+scale, and resized from its packed pixels (``turbo_decode``): the same
+pixels and random draws, with less overhead.  Everything else is Pillow's.
+
 Fused resize
 ------------
 When the resizing step is followed by ``[RandomHorizontalFlip,] ToArray``
@@ -56,12 +63,14 @@ steps one by one.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from PIL import Image
 
+from . import turbo_decode
 from .resample import fusable
 from .transforms import Compose, RandomHorizontalFlip, RegionPlan, ToArray, covering_reduction
 
@@ -142,16 +151,14 @@ def decode_planned(path: str, head: RegionPlanner, rest: Sequence[Callable[[Any]
     with reading:
         f = open(path, "rb")
     with f:
-        img, plan, reduction = _decode_for_plan(f, head, reading)
-    return _render(img, plan, reduction, rest)
+        return _decode_and_render(f, head, rest, reading)
 
 
 def decode_planned_stream(f: Any, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = (),
                           reading: AbstractContextManager = nullcontext()
                           ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
     """``decode_planned`` of an open binary file (the decoded-image cache's stored JPEGs)."""
-    img, plan, reduction = _decode_for_plan(f, head, reading)
-    return _render(img, plan, reduction, rest)
+    return _decode_and_render(f, head, rest, reading)
 
 
 def render_planned(img: Image.Image, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]] = ()
@@ -161,6 +168,45 @@ def render_planned(img: Image.Image, head: RegionPlanner, rest: Sequence[Callabl
     return _render(img, head.plan_region(*img.size), 1, rest)
 
 
+def _decode_and_render(f: Any, head: RegionPlanner, rest: Sequence[Callable[[Any], Any]],
+                       reading: AbstractContextManager
+                       ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
+    """``decode_planned``'s work on an open file: through simplejpeg when the output is
+    fused into an array and the file is a JPEG it decodes as Pillow does
+    (``turbo_decode``), else through Pillow."""
+    if _flip_and_to_array(rest)[1] and turbo_decode.available():
+        with reading:
+            data = f.read()
+        header = turbo_decode.read_header(data)
+        if header is not None:
+            return _turbo_render(data, header, head, rest, reading)
+        f = io.BytesIO(data)
+    img, plan, reduction = _decode_for_plan(f, head, reading)
+    return _render(img, plan, reduction, rest)
+
+
+def _turbo_render(data: bytes, header: turbo_decode.JpegHeader, head: RegionPlanner,
+                  rest: Sequence[Callable[[Any], Any]], reading: AbstractContextManager
+                  ) -> tuple[Any, Sequence[Callable[[Any], Any]]]:
+    """``_render``'s result from simplejpeg's pixels: the same plan, draws and pixels.
+    Where simplejpeg refuses the file, Pillow decodes it with the plan already drawn."""
+    plan = head.plan_region(header.width, header.height)
+    reduction = plan.max_reduction()
+    if header.subsampling in turbo_decode.UNEVEN_SUBSAMPLING:
+        reduction = min(reduction, _UNEVEN_CHROMA_MAX_REDUCTION)
+    pixels = None
+    if not plan.is_empty and fusable("RGB", plan.resample):
+        pixels = turbo_decode.decode_rgb(data, header, reduction)
+    if pixels is None:
+        with reading:
+            img = Image.open(io.BytesIO(data))
+        img, reduction = _decode_opened(img, reduction, reading)
+        return _render(img, plan, reduction, rest)
+    flip_step, fused_steps = _flip_and_to_array(rest)
+    flip = flip_step.flips() if flip_step is not None else False
+    return plan.render_array_chw(pixels, reduction, flip), rest[fused_steps:]
+
+
 def _decode_for_plan(f: Any, head: RegionPlanner, reading: AbstractContextManager
                      ) -> tuple[Image.Image, RegionPlan, int]:
     """Decode ``f`` at the reduction ``head``'s plan allows; ``(image, plan, reduction)``."""
@@ -168,12 +214,19 @@ def _decode_for_plan(f: Any, head: RegionPlanner, reading: AbstractContextManage
         img = Image.open(f)
         full_width, full_height = img.size
     plan = head.plan_region(full_width, full_height)
-    reduction = plan.max_reduction()
+    img, reduction = _decode_opened(img, plan.max_reduction(), reading)
+    return img, plan, reduction
+
+
+def _decode_opened(img: Image.Image, reduction: int, reading: AbstractContextManager
+                   ) -> tuple[Image.Image, int]:
+    """An opened image decoded as RGB at ``1/reduction`` (at most) scale, and the
+    reduction Pillow applied."""
     with reading:
         if reduction > 1:
             reduction = _draft(img, reduction)
         img = _as_rgb(img)
-    return img, plan, reduction
+    return img, reduction
 
 
 def _render(img: Image.Image, plan: RegionPlan, reduction: int,

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from decode_spy import record_reductions
 from fastload.cli import synthetic_image
+from fastload.cli.fidelity import psnr  # its arithmetic is checked in tests/cli
 from fastload.cli.pipelines import full_decode_loader
 from fastload.rng import seed_transform_rng
 from fastload.vision import ImageFolder
@@ -46,12 +48,6 @@ CORPUS = [
     ("gray.jpg", (1100, 800), dict(quality=90), "L"),
     ("cmyk.jpg", (900, 700), dict(quality=90), "CMYK"),
 ]
-
-
-def psnr(got: np.ndarray, expected: np.ndarray) -> float:
-    """Peak signal-to-noise ratio of 8-bit images, in dB (inf when equal)."""
-    error = np.mean((got.astype(np.float64) - expected.astype(np.float64)) ** 2)
-    return float("inf") if error == 0 else float(10 * np.log10(255.0 ** 2 / error))
 
 
 @pytest.fixture(scope="module")
@@ -206,18 +202,7 @@ def test_the_cache_fills_from_a_reduced_decode_within_the_stated_psnr(corpus, tm
 
 
 def test_chroma_subsampled_unevenly_is_decoded_at_most_at_a_quarter(corpus, monkeypatch):
-    from PIL import JpegImagePlugin
-
-    scales = []
-    original = JpegImagePlugin.JpegImageFile.draft
-
-    def draft(self, mode, size):
-        width = self.width
-        result = original(self, mode, size)
-        scales.append(round(width / result[1][2]))  # the box of the frame, reduced
-        return result
-
-    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", draft)
+    scales = record_reductions(monkeypatch)
     for name, expected in (("q85_422.jpg", 4), ("q90_420.jpg", 8), ("q95_444.jpg", 8),
                            ("gray.jpg", 8), ("cmyk.jpg", 8)):
         path = os.path.join(corpus, "a", name)
