@@ -7,11 +7,13 @@ decode each way makes of the same bytes held in memory:
 * *Pillow full*: ``Image.open(...).convert("RGB")``, what torchvision does;
 * *Pillow draft 1/s*: the same after ``draft("RGB", size / s)``, libjpeg's
   DCT-scaled decode at 1/2, 1/4, 1/8 (no pixel is skipped, only resolution);
-* *fastload*: the decode ``ImageFolder`` makes for ``RandomResizedCrop(224)``:
-  the crop drawn from the header, then the smallest scale that still covers
-  it (``decode_planned``'s first half), crops drawn with a fixed seed;
-* *simplejpeg*: the pip-installable libjpeg-turbo binding measured as a
-  candidate for a faster decoder (full decode, RGB array), when installed.
+* *fastload*: what ``ImageFolder`` does for ``RandomResizedCrop(224),
+  ToArray()``: the crop drawn from the header, the decode at the smallest
+  scale that still covers it (simplejpeg's libjpeg-turbo when installed,
+  else Pillow's draft), and the fused crop + resize to the output array,
+  crops drawn with a fixed seed: more work than the decode-only rows;
+  without simplejpeg too (``Pillow decode``);
+* *simplejpeg full*: its full decode alone (packed RGB array).
 
 The 1/8 draft is the floor of any decode that must read every row: libjpeg
 has to Huffman-decode the entropy-coded data of each row above a crop's
@@ -36,15 +38,15 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import numpy as np
 from PIL import Image
 
 from fastload.cli import synthetic_image
 from fastload.rng import seed_transform_rng
-from fastload.vision.decode import _decode_for_plan
-from fastload.vision.transforms import RandomResizedCrop
+from fastload.vision import turbo_decode
+from fastload.vision.decode import decode_planned_stream
+from fastload.vision.transforms import RandomResizedCrop, ToArray
 from results import write_section
 
 SIZES = ((500, 375), (4000, 3000))
@@ -74,18 +76,27 @@ def pillow_draft(reduction: int) -> Callable[[bytes], None]:
 
 
 _HEAD = RandomResizedCrop(CROP)
+_TO_ARRAY = [ToArray()]
 
 
 def fastload_path(data: bytes) -> None:
-    # decode_planned's decode, without the resize after it.
-    _decode_for_plan(io.BytesIO(data), _HEAD, nullcontext())
+    decode_planned_stream(io.BytesIO(data), _HEAD, _TO_ARRAY)
+
+
+def fastload_pillow_path(data: bytes) -> None:
+    kept, turbo_decode.simplejpeg = turbo_decode.simplejpeg, None
+    try:
+        fastload_path(data)
+    finally:
+        turbo_decode.simplejpeg = kept
 
 
 def rows() -> dict[str, Callable[[bytes], None]]:
     out = {"Pillow full": pillow_full}
     for reduction in (2, 4, 8):
         out[f"Pillow draft 1/{reduction}"] = pillow_draft(reduction)
-    out[f"fastload (RandomResizedCrop({CROP}) plan)"] = fastload_path
+    out[f"fastload: decode + crop/resize to array (RandomResizedCrop({CROP}))"] = fastload_path
+    out["fastload, Pillow decode (no simplejpeg)"] = fastload_pillow_path
     try:
         import simplejpeg
     except ImportError:
@@ -128,17 +139,23 @@ def per_sample(images: list[bytes], rounds: int) -> dict[str, float]:
                 f.write(data)
         folder = ImageFolder(root, transform=standard_transform())
         theirs = TorchvisionStylePipeline(list(folder.samples), CROP)
-        sides = {"fastload sample (decode + fused crop/resize/flip/ToArray)": folder,
-                 "torch sample (decode, crop, resize, flip, to tensor)": theirs}
+        sides = {"fastload sample (decode + fused crop/resize/flip/ToArray)": (folder, True),
+                 "fastload sample, Pillow decode (no simplejpeg)": (folder, False),
+                 "torch sample (decode, crop, resize, flip, to tensor)": (theirs, True)}
         timings: dict[str, list[float]] = {name: [] for name in sides}
+        kept = turbo_decode.simplejpeg
         for round_index in range(rounds):
-            for name, dataset in sides.items():
+            for name, (dataset, turbo) in sides.items():
                 seed_transform_rng(0, round_index)
                 torch.manual_seed(round_index)
-                start = time.process_time()
-                for index in range(len(dataset)):
-                    dataset[index]
-                timings[name].append(1e3 * (time.process_time() - start) / len(dataset))
+                turbo_decode.simplejpeg = kept if turbo else None
+                try:
+                    start = time.process_time()
+                    for index in range(len(dataset)):
+                        dataset[index]
+                    timings[name].append(1e3 * (time.process_time() - start) / len(dataset))
+                finally:
+                    turbo_decode.simplejpeg = kept
     return {name: statistics.median(values) for name, values in timings.items()}
 
 

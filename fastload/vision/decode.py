@@ -191,9 +191,7 @@ def _turbo_render(data: bytes, header: turbo_decode.JpegHeader, head: RegionPlan
     """``_render``'s result from simplejpeg's pixels: the same plan, draws and pixels.
     Where simplejpeg refuses the file, Pillow decodes it with the plan already drawn."""
     plan = head.plan_region(header.width, header.height)
-    reduction = plan.max_reduction()
-    if header.subsampling in turbo_decode.UNEVEN_SUBSAMPLING:
-        reduction = min(reduction, _UNEVEN_CHROMA_MAX_REDUCTION)
+    reduction = _turbo_reduction(header, plan.max_reduction())
     pixels = None
     if not plan.is_empty and fusable("RGB", plan.resample):
         pixels = turbo_decode.decode_rgb(data, header, reduction)
@@ -261,11 +259,24 @@ def decode_covering(f: Any, out_size: Callable[[int, int], tuple[int, int]],
     RGB at the smallest JPEG scale whose pixels still cover ``out_size(full width,
     full height)`` (a not-JPEG decodes in full: reduction 1).
 
-    The step ``Image.thumbnail`` takes, without its reducing gap.  To resize
+    The step ``Image.thumbnail`` takes, without its reducing gap (through
+    simplejpeg where ``turbo_decode`` allows: the same pixels).  To resize
     it as a full decode would be, use the full frame's box in its pixels,
     ``(0, 0, width / reduction, height / reduction)``: a reduced pixel ``k``
     covers full pixels ``[k*s, (k+1)*s)``.
     """
+    if turbo_decode.available():
+        with reading:
+            data = f.read()
+        header = turbo_decode.read_header(data)
+        if header is not None:
+            width, height = header.width, header.height
+            reduction = _turbo_reduction(
+                header, covering_reduction(width, height, *out_size(width, height)))
+            pixels = turbo_decode.decode_rgb(data, header, reduction)
+            if pixels is not None:  # Pillow's pixels, bit for bit
+                return Image.fromarray(pixels, "RGB"), (width, height), reduction
+        f = io.BytesIO(data)
     with reading:
         img = Image.open(f)
         width, height = img.size
@@ -294,6 +305,13 @@ def _reduction_limit(img: Image.Image) -> int:
     if all(widest * layer[2] == tallest * layer[1] for layer in layers):
         return 8
     return _UNEVEN_CHROMA_MAX_REDUCTION
+
+
+def _turbo_reduction(header: turbo_decode.JpegHeader, reduction: int) -> int:
+    """``reduction`` within the limit ``_draft`` applies, from simplejpeg's header."""
+    if header.subsampling in turbo_decode.UNEVEN_SUBSAMPLING:
+        return min(reduction, _UNEVEN_CHROMA_MAX_REDUCTION)
+    return reduction
 
 
 def _draft(img: Image.Image, reduction: int) -> int:

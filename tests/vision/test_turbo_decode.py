@@ -144,3 +144,21 @@ def test_damaged_jpegs_raise_or_recover_as_pillow_does(tmp_path):
         assert np.array_equal(got, transform(expected))
         outcomes.append("recovered")
     assert outcomes == ["raised", "recovered", "raised"]
+
+
+@pytest.mark.parametrize("name,size,options,mode", FILES)
+def test_the_caches_covering_decode_is_pillows(name, size, options, mode, monkeypatch):
+    from fastload.vision.decode import decode_covering
+
+    data = jpeg_bytes(size, options, mode)
+    for side in (size[0], size[0] // 2, size[0] // 5, 20):
+        def out_size(width, height):
+            return side, max(1, round(height * side / width))
+
+        fast, full_size, reduction = decode_covering(io.BytesIO(data), out_size)
+        with monkeypatch.context() as patch:
+            patch.setattr(turbo_decode, "simplejpeg", None)
+            pillow, pillow_full, pillow_reduction = decode_covering(io.BytesIO(data), out_size)
+        assert (full_size, reduction) == (pillow_full, pillow_reduction) == (size, reduction)
+        assert fast.mode == pillow.mode == "RGB"
+        assert np.array_equal(np.asarray(fast), np.asarray(pillow)), (name, side)
