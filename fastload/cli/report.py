@@ -6,6 +6,7 @@ import os
 import statistics
 from typing import Any
 
+from ..vision import turbo_decode
 from .fidelity import decode_psnr
 from .measure import compare_rounds, measure_fastload_cached, measure_pipeline_limit, measure_torch
 from .pipelines import CROP_SIZE, image_folder, reduced_decode_shares
@@ -45,6 +46,14 @@ def _decode_line(root: str, options: Any) -> str:
     rest = ", full for the rest" if shares[1] > 0 else ""
     return (f"  decode: fastload reduced-size JPEG decode for {100 * (1 - shares[1]):.0f}% of "
             f"images ({reduced}){rest}; {torch}")
+
+
+def _decoder_line() -> str:
+    """Which library decodes fastload's JPEGs (torch's side: Pillow, always)."""
+    if turbo_decode.available():
+        return ("  decoder: fastload simplejpeg's libjpeg-turbo (Pillow's pixels, bit for bit; "
+                "Pillow for other files), torch Pillow")
+    return "  decoder: Pillow on both sides (pip install simplejpeg for fastload's faster path)"
 
 
 def _fidelity_line(root: str, options: Any) -> str | None:
@@ -94,6 +103,7 @@ def measure_and_report(options: Any) -> int:
               flush=True)
         return _report_cached(options, root, rounds, progress, common)
     print(_decode_line(root, options), flush=True)
+    print(_decoder_line(), flush=True)
     fidelity = _fidelity_line(root, options)
     if fidelity is not None:
         print(fidelity, flush=True)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+
+from fastload.vision import turbo_decode
 from paths import REPO_DIR
 from PIL import Image
 
@@ -161,6 +163,8 @@ def test_bench_says_which_decode_each_side_used(photo_folder, decode):
     assert done.returncode == 0, done.stderr
     (line,) = [text for text in done.stdout.splitlines() if text.strip().startswith("decode:")]
     fidelity = [text for text in done.stdout.splitlines() if text.strip().startswith("fidelity:")]
+    (decoder,) = [text for text in done.stdout.splitlines() if text.strip().startswith("decoder:")]
+    assert ("simplejpeg" in decoder) == turbo_decode.available(), decoder
     if decode == "full":
         assert "full on both sides" in line
         assert fidelity == []  # bit-identical by construction: nothing to measure
