@@ -71,7 +71,7 @@ from typing import Any, Protocol
 from PIL import Image
 
 from . import turbo_decode
-from .resample import fusable
+from .resample import fusable, resize_rgb_array_to_chw, resize_rgb_bytes_to_chw
 from .transforms import Compose, RandomHorizontalFlip, RegionPlan, ToArray, covering_reduction
 
 __all__ = ["pil_loader", "default_loader", "RegionPlanner", "split_planned_head", "decode_planned",
@@ -202,7 +202,20 @@ def _turbo_render(data: bytes, header: turbo_decode.JpegHeader, head: RegionPlan
         return _render(img, plan, reduction, rest)
     flip_step, fused_steps = _flip_and_to_array(rest)
     flip = flip_step.flips() if flip_step is not None else False
-    return plan.render_array_chw(pixels, reduction, flip), rest[fused_steps:]
+    return _render_array(plan, pixels, reduction, flip), rest[fused_steps:]
+
+
+def _render_array(plan: RegionPlan, pixels: Any, reduction: int, flip: bool) -> Any:
+    """``plan.render_chw`` of the RGB image whose pixels are the C-contiguous ``(height,
+    width, 3)`` uint8 array ``pixels`` (a JPEG decoded at ``1/reduction``), read
+    where they lie: the same pixels, bit for bit."""
+    if reduction == 1:
+        height, width = pixels.shape[:2]
+        return resize_rgb_bytes_to_chw(pixels.reshape(-1), width, height, plan.box, plan.size,
+                                       plan.resample, flip)
+    left, top, right, bottom = plan.box
+    scaled_box = (left / reduction, top / reduction, right / reduction, bottom / reduction)
+    return resize_rgb_array_to_chw(pixels, scaled_box, plan.size, plan.resample, flip)
 
 
 def _decode_for_plan(f: Any, head: RegionPlanner, reading: AbstractContextManager

@@ -33,7 +33,7 @@ from PIL import Image
 
 from ..rng import transform_rng
 from .interpolation import AVERAGING_FILTERS, PIL_FILTERS, InterpolationMode, interpolation_mode
-from .resample import resize_rgb_array_to_chw, resize_rgb_bytes_to_chw, resize_to_chw
+from .resample import resize_to_chw
 
 __all__ = [
     "InterpolationMode",
@@ -154,20 +154,6 @@ class RegionPlan:
             return resize_to_chw(region, self.size, self.resample, flip=flip)
         scaled_box = (left / reduction, top / reduction, right / reduction, bottom / reduction)
         return resize_to_chw(img, self.size, self.resample, box=scaled_box, flip=flip)
-
-
-    def render_array_chw(self, pixels: np.ndarray, reduction: int = 1,
-                         flip: bool = False) -> np.ndarray:
-        """``render_chw`` of the RGB image whose pixels are the C-contiguous ``(height,
-        width, 3)`` uint8 array ``pixels`` (a JPEG decoded at ``1/reduction``),
-        read where they lie: the same pixels, bit for bit."""
-        left, top, right, bottom = self.box
-        if reduction == 1:
-            height, width = pixels.shape[:2]
-            return resize_rgb_bytes_to_chw(pixels.reshape(-1), width, height, self.box,
-                                           self.size, self.resample, flip)
-        scaled_box = (left / reduction, top / reduction, right / reduction, bottom / reduction)
-        return resize_rgb_array_to_chw(pixels, scaled_box, self.size, self.resample, flip)
 
 
 class Compose:

@@ -17,12 +17,9 @@ def test_reduced_decode_shares_follow_image_size(tiny_folder, photo_folder):
 
 
 def test_full_decode_folder_never_drafts(photo_folder, monkeypatch):
-    from PIL import JpegImagePlugin
+    from decode_spy import record_reductions
 
-    drafts = []
-    real_draft = JpegImagePlugin.JpegImageFile.draft
-    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft",
-                        lambda self, *a: drafts.append(a) or real_draft(self, *a))
+    drafts = record_reductions(monkeypatch)  # Pillow's draft or simplejpeg's scaled decode
     full = image_folder(photo_folder, standard_transform(), "full")
     auto = image_folder(photo_folder, standard_transform(), "auto")
     for index in range(len(full)):

@@ -701,16 +701,19 @@ def test_standard_pipeline_runs_fused_and_gives_the_transforms_own_pixels(tmp_pa
     # resize (fastload.vision.resample); the pixels and the random draws must
     # be exactly those of the transforms applied one by one to pil_loader's
     # image.  (224 from images this small never decodes at reduced size.)
+    from fastload.vision import decode as decode_module
     from fastload.vision import transforms as transforms_module
 
     calls = []
     # The fused pass from Pillow's memory, and from simplejpeg's pixels.
-    for name in ("resize_to_chw", "resize_rgb_bytes_to_chw", "resize_rgb_array_to_chw"):
-        def counting(*args, fused=getattr(transforms_module, name), **kwargs):
+    for module, name in ((transforms_module, "resize_to_chw"),
+                         (decode_module, "resize_rgb_bytes_to_chw"),
+                         (decode_module, "resize_rgb_array_to_chw")):
+        def counting(*args, fused=getattr(module, name), **kwargs):
             calls.append(1)
             return fused(*args, **kwargs)
 
-        monkeypatch.setattr(transforms_module, name, counting)
+        monkeypatch.setattr(module, name, counting)
     root = str(tmp_path)
     for index, size in enumerate([(500, 375), (333, 500), (96, 64)]):
         save_image(f"{root}/c/{index}.jpg", size=size, seed=index)
