@@ -163,8 +163,9 @@ def measure_fastload_cached(root: str, workers: int, cache: str, batch_size: int
     Epoch 1 fills the decoded-image cache (unless an earlier run did);
     later epochs read it.  Each result also holds ``cache_entries``: how many
     images the store held after that epoch.  ``decode`` is accepted with the
-    other common options and changes nothing: filling the cache always
-    decodes in full, and later epochs decode no JPEG.
+    other common options and changes nothing: the fill decodes at the
+    smallest JPEG scale that still covers ``cache_max_side``, and later
+    epochs decode no JPEG.
     """
     from ..dataloader import DataLoader
     from ..dataset import Subset
