@@ -266,9 +266,10 @@ def section(results: list[dict], command: str, load: tuple[float, float]) -> str
     lines += ["", "Epochs 2+ per round (wall / CPU): " + "; ".join(
         f"{r['name']} " + ", ".join(cell(v) for v in r["later_rounds"]) for r in results),
         "",
-        "Epoch 1 with the cache filling does, on top of an uncached epoch: a full decode",
-        "(never a reduced-size one: camera photos lose libjpeg's 1/8 decode there, which is",
-        "why their first epoch costs what torch's does), the shrink to the cache side,",
+        "Epoch 1 with the cache filling does, on top of an uncached epoch: a decode at the",
+        "smallest JPEG scale that still covers the cache side (1/4 for a 4000x3000 photo",
+        "and side 512, where an uncached epoch's crops decode at 1/4 or 1/8; in full for",
+        "500x375), the shrink to the cache side,",
         "one copy of the pixels out of Pillow's memory and their XXH3-64 hash (or a",
         "JPEG encode), and the write, whose kernel time (new page-cache pages",
         "for raw pixels) is most of the difference for `images`.  Epochs 2+ resize the",

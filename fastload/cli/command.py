@@ -64,10 +64,13 @@ def add_arguments(parser: Any) -> None:
                         help="draw images/s against worker count (see --plot-workers)")
     parser.add_argument("--plot-workers", type=_parse_worker_list, default=None, metavar="0,1,2",
                         help="worker counts for --plot (default 0 .. cores)")
-    parser.add_argument("--decode", choices=["auto", "full"], default="auto",
+    parser.add_argument("--decode", choices=["auto", "full", "both-reduced"], default="auto",
                         help="auto (default): fastload decodes a JPEG at 1/2 to 1/8 of its size when "
                              "the crop is at least twice the output each way; full: fastload decodes "
-                             "every image in full, as torch's side always does (like for like)")
+                             "every image in full, as torch's side always does (like for like); "
+                             "both-reduced: fastload as auto, and torch's loader asks Pillow for "
+                             "draft('RGB', (224, 224)), the reduced-size decode a torchvision user "
+                             "has (chosen without knowing the crop)")
     parser.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_cache_arguments(parser)

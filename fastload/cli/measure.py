@@ -133,15 +133,17 @@ def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int 
                   progress: bool = False) -> dict:
     """Images/s of ``torch.utils.data.DataLoader`` with a torchvision user's equivalent pipeline.
 
-    It always decodes in full, as torchvision does; ``decode`` is accepted so
-    every ``measure_*`` takes the same options.
+    It decodes in full, as torchvision does, except under
+    ``decode="both-reduced"``: then its loader asks Pillow for a reduced-size
+    decode (``TorchvisionStylePipeline(draft=True)``).
     """
     import torch
     import torch.utils.data
 
     folder = image_folder(root)  # only for the file list: torchvision's order, same files
     indices = sample_indices(len(folder), max_images)
-    dataset: Any = TorchvisionStylePipeline(list(folder.samples), CROP_SIZE)
+    dataset: Any = TorchvisionStylePipeline(list(folder.samples), CROP_SIZE,
+                                            draft=decode == "both-reduced")
     if indices is not None:
         dataset = torch.utils.data.Subset(dataset, indices.tolist())
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
@@ -161,8 +163,9 @@ def measure_fastload_cached(root: str, workers: int, cache: str, batch_size: int
     Epoch 1 fills the decoded-image cache (unless an earlier run did);
     later epochs read it.  Each result also holds ``cache_entries``: how many
     images the store held after that epoch.  ``decode`` is accepted with the
-    other common options and changes nothing: filling the cache always
-    decodes in full, and later epochs decode no JPEG.
+    other common options and changes nothing: the fill decodes at the
+    smallest JPEG scale that still covers ``cache_max_side``, and later
+    epochs decode no JPEG.
     """
     from ..dataloader import DataLoader
     from ..dataset import Subset

@@ -21,10 +21,14 @@ from ..vision import transforms as T
 from ..vision.decode import pil_loader
 from ..vision.folder import ImageFolder
 
-__all__ = ["CROP_SIZE", "standard_transform", "full_decode_loader", "image_folder",
+__all__ = ["CROP_SIZE", "DECODES", "standard_transform", "full_decode_loader", "image_folder",
            "sample_indices", "reduced_decode_shares", "TorchvisionStylePipeline"]
 
 CROP_SIZE = 224
+# How each side decodes: "auto" (fastload reduced when the crop allows, torch
+# full), "full" (both full), "both-reduced" (fastload as auto, torch's loader
+# with Pillow's draft to the output size).
+DECODES = ("auto", "full", "both-reduced")
 
 
 def standard_transform(size: int = CROP_SIZE) -> T.Compose:
@@ -49,10 +53,11 @@ def image_folder(root: str, transform: Any = None, decode: str = "auto") -> Imag
     """``ImageFolder(root, transform=transform)``, reusing an earlier scan of ``root``.
 
     ``decode="full"`` gives it ``full_decode_loader``, the way a user asks for
-    torchvision's full decode; ``"auto"`` keeps the reduced-size JPEG decode.
+    torchvision's full decode; ``"auto"`` and ``"both-reduced"`` keep the
+    reduced-size JPEG decode.
     """
-    if decode not in ("auto", "full"):
-        raise ValueError(f"decode must be 'auto' or 'full', got {decode!r}")
+    if decode not in DECODES:
+        raise ValueError(f"decode must be one of {DECODES}, got {decode!r}")
     folder = copy.copy(_scanned_folder(os.path.abspath(root)))
     folder.transform = transform
     if decode == "full":
@@ -106,13 +111,18 @@ class TorchvisionStylePipeline:
     ``RandomHorizontalFlip`` (``torch.rand(1) < 0.5``), then ``PILToTensor``'s
     conversion.  Samples are a plain list of ``(path, target)`` tuples, as
     torchvision keeps them.  torch is imported only when a sample is loaded.
+    With ``draft=True`` the loader first asks Pillow for ``draft("RGB",
+    (size, size))``: a JPEG decoded at the smallest of 1/2, 1/4, 1/8 scale
+    still at least ``size`` each way, the reduced-size decode a torchvision
+    user can have (the loader does not know the crop the transform will draw).
     """
 
     def __init__(self, samples: list[tuple[str, int]], size: int,
                  scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)) -> None:
+                 ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0), draft: bool = False) -> None:
         self.samples = samples
         self.size = size
+        self.draft = draft
         self.scale = scale
         self.ratio = ratio
 
@@ -127,7 +137,10 @@ class TorchvisionStylePipeline:
 
         path, target = self.samples[index]
         with open(path, "rb") as f:
-            img = Image.open(f).convert("RGB")
+            img = Image.open(f)
+            if self.draft:
+                img.draft("RGB", (self.size, self.size))
+            img = img.convert("RGB")
         width, height = img.size
         area = height * width
         log_ratio = torch.log(torch.tensor(self.ratio))

@@ -6,6 +6,8 @@ import os
 import statistics
 from typing import Any
 
+from ..vision import turbo_decode
+from .fidelity import decode_psnr
 from .measure import compare_rounds, measure_fastload_cached, measure_pipeline_limit, measure_torch
 from .pipelines import CROP_SIZE, image_folder, reduced_decode_shares
 from .plot import plot_scaling
@@ -31,14 +33,43 @@ def _decode_line(root: str, options: Any) -> str:
     shares = reduced_decode_shares(root, max_images=options.max_images, seed=options.seed)
     if not any(shares.values()):
         return "  decode: unknown (none of the probed files could be opened)"
+    torch = ("torch's loader Pillow draft to 224x224 (--decode both-reduced)"
+             if options.decode == "both-reduced" else
+             "torch full; --decode full or both-reduced compares like for like")
     if shares[1] == 1.0:
-        return ("  decode: full on both sides (no crop is large enough for a reduced-size "
-                "JPEG decode)")
+        if options.decode == "auto":
+            return ("  decode: full on both sides (no crop is large enough for a reduced-size "
+                    "JPEG decode)")
+        return f"  decode: fastload full (no crop is large enough for a reduced-size one); {torch}"
     reduced = ", ".join(f"1/{r}: {100 * share:.0f}%" for r, share in shares.items()
                         if r > 1 and share > 0)
     rest = ", full for the rest" if shares[1] > 0 else ""
     return (f"  decode: fastload reduced-size JPEG decode for {100 * (1 - shares[1]):.0f}% of "
-            f"images ({reduced}){rest}; torch full; --decode full compares like for like")
+            f"images ({reduced}){rest}; {torch}")
+
+
+def _decoder_line() -> str:
+    """Which library decodes fastload's JPEGs (torch's side: Pillow, always)."""
+    if turbo_decode.available():
+        return ("  decoder: fastload simplejpeg's libjpeg-turbo (Pillow's pixels, bit for bit; "
+                "Pillow for other files), torch Pillow")
+    return "  decoder: Pillow on both sides (pip install simplejpeg for fastload's faster path)"
+
+
+def _fidelity_line(root: str, options: Any) -> str | None:
+    """The default decode's PSNR against torchvision's decode-crop-resize on the same
+    crops; None under ``--decode full`` (bit-identical by construction)."""
+    if options.decode == "full":
+        return None
+    found = decode_psnr(root, max_images=options.max_images, seed=options.seed)
+    if found.probed == 0:
+        return None
+    if found.mean_psnr_db is None:
+        return (f"  fidelity: fastload's pixels equal torchvision's decode-crop-resize on all "
+                f"{found.probed} probed crops")
+    return (f"  fidelity: fastload's default decode vs torchvision's decode-crop-resize, same "
+            f"crops: mean PSNR {found.mean_psnr_db:.1f} dB (lowest {found.min_psnr_db:.1f}) over "
+            f"the {found.differing} of {found.probed} probed crops that differ")
 
 
 def measure_and_report(options: Any) -> int:
@@ -68,10 +99,15 @@ def measure_and_report(options: Any) -> int:
 
     common = dict(max_images=options.max_images, seed=options.seed, decode=options.decode)
     if getattr(options, "cache", None) is not None:
-        print("  decode: fastload decodes in full while epoch 1 fills the cache, then reads "
-              "cached pixels; torch full", flush=True)
+        print("  decode: fastload fills the cache from the smallest JPEG scale that still "
+              "covers --cache-max-side in epoch 1, then reads cached pixels; torch full",
+              flush=True)
         return _report_cached(options, root, rounds, progress, common)
     print(_decode_line(root, options), flush=True)
+    print(_decoder_line(), flush=True)
+    fidelity = _fidelity_line(root, options)
+    if fidelity is not None:
+        print(fidelity, flush=True)
     pipeline = measure_pipeline_limit(root, options.workers, progress=progress, **common)
     limit = pipeline["limit_images_per_s"]
     print(_line("pipeline, no loader, 1 proc", pipeline))

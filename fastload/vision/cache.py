@@ -10,12 +10,17 @@ process).  Later epochs, and later runs, read the pixels from the store.
 What the transforms see
 -----------------------
 The cached image stands in for the file: transforms run on it as if it were
-the file.  It is the image decoded in full (never a reduced JPEG decode),
-converted as the loader converts it (RGB for the default loader), then, when
-its longer side exceeds ``cache_max_side``, resized with Pillow's LANCZOS
-filter (the sharpest antialiased filter Pillow has; it runs once per image, at
-fill time) so that the longer side is exactly ``cache_max_side`` and the
-shorter keeps the aspect ratio (rounded, at least 1).  Images never grow.  So:
+the file.  It is the image as the loader gives it (RGB for the default
+loader), then, when its longer side exceeds ``cache_max_side``, resized with
+Pillow's LANCZOS filter (the sharpest antialiased filter Pillow has; it runs
+once per image, at fill time) so that the longer side is exactly
+``cache_max_side`` and the shorter keeps the aspect ratio (rounded, at least
+1).  Images never grow.  With the default loader a JPEG at least twice the
+cached size each way is decoded at 1/2, 1/4 or 1/8 scale, the smallest whose
+pixels still cover the cached size (the step ``Image.thumbnail`` takes), and
+the LANCZOS resize reads the whole frame from that: a camera photo fills at
+about the cost of an uncached epoch, and its cached pixels differ from those
+of a full decode by resampling error only (``fastload.vision.decode``).  So:
 
 * an image within ``cache_max_side`` gives exactly the pixels a full decode
   gives, and the transforms then exactly what they give on that decode;
@@ -70,8 +75,8 @@ from .cache_filesystems import writers_kept_apart
 from .cache_key import UnidentifiedLoader, key_for_loader
 from .cache_store import DataFiles, Entry, IndexTable, StoreWriter, data_bytes
 from .cache_verified import VerifiedEntries
-from .decode import (_as_rgb, _flip_and_to_array, _render, decode_planned_stream, default_loader,
-                     pil_loader, render_planned, split_planned_head)
+from .decode import (_flip_and_to_array, _render, decode_covering, decode_planned_stream,
+                     default_loader, pil_loader, render_planned, split_planned_head)
 from .resample import fusable, pillow_memory, resize_rgb_bytes_to_chw
 from .interpolation import PIL_FILTERS
 
@@ -258,11 +263,11 @@ class DecodedImageCache:
                 self.max_bytes is not None and self._store_bytes() >= self.max_bytes):
             self._stats["not_cached"] += 1
             return None
-        img, key = self._decode_full(path, loader, identity, key, reading)
+        img, full_size, reduction, key = self._decode_for_fill(path, loader, identity, key, reading)
         if not isinstance(img, Image.Image) or img.mode not in _MODE_NUMBERS:
             self._stats["not_cached"] += 1  # nothing the store can hold: as it is
             return img, (() if transform is None else (transform,))
-        fitted = self._fit(img)
+        fitted = self._fit(img, full_size, reduction)
         payload, fmt, data_sum = self._encode(fitted)
         if key is None or not self._store(key, payload, fitted, fmt, data_sum):
             # Not kept (changed while read, over the bound, a failed write):
@@ -351,30 +356,43 @@ class DecodedImageCache:
 
     # -- filling ------------------------------------------------------------
 
-    def _decode_full(self, path: str, loader: Callable[[str], Any], identity: bytes,
-                     key: tuple[int, int], reading: AbstractContextManager
-                     ) -> tuple[Any, tuple[int, int] | None]:
-        """The loader's image, decoded in full, and the key of the file decoded
-        (None when it changed while being read: not stored)."""
+    def _decode_for_fill(self, path: str, loader: Callable[[str], Any], identity: bytes,
+                         key: tuple[int, int], reading: AbstractContextManager
+                         ) -> tuple[Any, tuple[int, int], int, tuple[int, int] | None]:
+        """``(image, the file's full size, the JPEG reduction it was decoded at, key)``:
+        the key of the file decoded, None when it changed while being read (then
+        not stored).
+
+        The default loaders' JPEGs decode at the smallest scale that still
+        covers the cached size (``decode_covering``); any other loader's image
+        is what it returns.
+        """
         if loader is default_loader or loader is pil_loader:
             with reading:
                 f = open(path, "rb")
             with f:
                 with reading:
                     stat = os.fstat(f.fileno())
-                    img = _as_rgb(Image.open(f))
-            return img, self._key(path, stat, identity)  # the file decoded, even if replaced
+                img, full_size, reduction = decode_covering(
+                    f, lambda width, height: cached_size(width, height, self.max_side), reading)
+            # The file decoded, even if just replaced.
+            return img, full_size, reduction, self._key(path, stat, identity)
         with reading:
             img = loader(path)
         try:
             after = self._key(path, os.stat(path), identity)
         except OSError:
             after = None
-        return img, (key if after == key else None)
+        size = img.size if isinstance(img, Image.Image) else (0, 0)
+        return img, size, 1, (key if after == key else None)
 
-    def _fit(self, img: Image.Image) -> Image.Image:
-        size = cached_size(img.width, img.height, self.max_side)
-        return img if size == img.size else img.resize(size, _RESIZE_FILTER)
+    def _fit(self, img: Image.Image, full_size: tuple[int, int], reduction: int) -> Image.Image:
+        """``img``, decoded at ``1/reduction`` of ``full_size``, at the size it is cached at."""
+        size = cached_size(*full_size, self.max_side)
+        if reduction == 1:
+            return img if size == img.size else img.resize(size, _RESIZE_FILTER)
+        width, height = full_size
+        return img.resize(size, _RESIZE_FILTER, box=(0, 0, width / reduction, height / reduction))
 
     def _encode(self, img: Image.Image) -> tuple[Any, int, int | None]:
         """The bytes to store, their format, and their ``data_checksum`` when known."""

@@ -55,7 +55,9 @@ def key_for_loader(loader: Any, user_key: str | None) -> bytes:
     if user_key is not None:
         return b"user\0" + user_key.encode("utf-8", "surrogatepass")
     if loader is default_loader or loader is pil_loader:
-        return b"rgb"  # both give the file decoded as RGB
+        # Both give the file as RGB; the fill decodes it at the smallest JPEG scale
+        # that still covers the cache side (``decode.decode_covering``).
+        return b"rgb-covering-decode"
     return b"identity\0" + loader_identity(loader)
 
 

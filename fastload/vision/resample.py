@@ -34,8 +34,8 @@ from PIL import Image
 
 from fastload import _core
 
-__all__ = ["resize_to_chw", "resize_rgb_bytes_to_chw", "fusable", "pass_order",
-           "RESAMPLE_FILTERS"]
+__all__ = ["resize_to_chw", "resize_rgb_bytes_to_chw", "resize_rgb_array_to_chw", "fusable",
+           "pass_order", "RESAMPLE_FILTERS"]
 
 RESAMPLE_FILTERS = _core.RESAMPLE_FILTERS
 
@@ -154,6 +154,22 @@ def resize_rgb_bytes_to_chw(buffer, width: int, height: int, crop: tuple[int, in
         buffer, (top * width + left) * 3, width * 3, 3, region_width, region_height,
         (0, 0, region_width, region_height), out_width, out_height, int(resample),
         pass_order()(region_height, region_width, out_height, out_width), flip)
+
+
+def resize_rgb_array_to_chw(pixels: np.ndarray, box: tuple[float, float, float, float],
+                            size: tuple[int, int], resample: int, flip: bool = False
+                            ) -> np.ndarray:
+    """``resize_to_chw(Image.fromarray(pixels), size, resample, box, flip)`` of a
+    C-contiguous ``(height, width, 3)`` uint8 array (a decoded JPEG), read where
+    it lies; ``box`` may be fractional, as Pillow's."""
+    if not fusable("RGB", resample):
+        raise ValueError(f"resize_rgb_array_to_chw cannot reproduce Pillow with "
+                         f"resample={resample}; check fusable() first")
+    height, width = pixels.shape[:2]
+    out_width, out_height = size
+    return _core.resize_packed_to_chw(
+        pixels.reshape(-1), 0, width * 3, 3, width, height, box, out_width, out_height,
+        int(resample), pass_order()(height, width, out_height, out_width), flip)
 
 
 def _rgbx(img: Image.Image) -> np.ndarray:

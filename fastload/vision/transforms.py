@@ -38,6 +38,7 @@ from .resample import resize_to_chw
 __all__ = [
     "InterpolationMode",
     "RegionPlan",
+    "covering_reduction",
     "Compose",
     "Resize",
     "CenterCrop",
@@ -81,6 +82,15 @@ def _image_width_height(img: Any) -> tuple[int, int]:
                     f"got {type(img).__name__}")
 
 
+def covering_reduction(width: int, height: int, out_width: int, out_height: int) -> int:
+    """The largest JPEG reduction (1, 2, 4 or 8) that leaves a ``width`` x ``height``
+    region at least ``out_width`` x ``out_height`` pixels."""
+    for reduction in (8, 4, 2):
+        if width >= reduction * out_width and height >= reduction * out_height:
+            return reduction
+    return 1
+
+
 @dataclass(frozen=True)
 class RegionPlan:
     """What a resizing transform will do to an image of known size, decided before decoding.
@@ -113,12 +123,7 @@ class RegionPlan:
         if self.resample not in AVERAGING_FILTERS or self.is_empty:
             return 1
         left, top, right, bottom = self.box
-        out_width, out_height = self.size
-        headroom = min((right - left) / out_width, (bottom - top) / out_height)
-        for reduction in (8, 4, 2):
-            if reduction <= headroom:
-                return reduction
-        return 1
+        return covering_reduction(right - left, bottom - top, *self.size)
 
     def render(self, img: Image.Image, reduction: int = 1) -> Image.Image:
         """Apply the plan to ``img``, which was decoded at ``1/reduction`` of full size.

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+
+from fastload.vision import turbo_decode
 from paths import REPO_DIR
 from PIL import Image
 
@@ -154,17 +156,26 @@ def test_ctrl_c_ends_the_bench_quietly_and_leaves_nothing_behind(tiny_folder, no
     assert stderr.strip() == "fastload bench: interrupted"
 
 
-@pytest.mark.parametrize("decode", ["auto", "full"])
+@pytest.mark.parametrize("decode", ["auto", "full", "both-reduced"])
 def test_bench_says_which_decode_each_side_used(photo_folder, decode):
     done = run_cli("bench", photo_folder, "--workers", "0", "--batch-size", "4", "--decode", decode,
                    "--no-progress")
     assert done.returncode == 0, done.stderr
     (line,) = [text for text in done.stdout.splitlines() if text.strip().startswith("decode:")]
+    fidelity = [text for text in done.stdout.splitlines() if text.strip().startswith("fidelity:")]
+    (decoder,) = [text for text in done.stdout.splitlines() if text.strip().startswith("decoder:")]
+    assert ("simplejpeg" in decoder) == turbo_decode.available(), decoder
     if decode == "full":
         assert "full on both sides" in line
+        assert fidelity == []  # bit-identical by construction: nothing to measure
     else:
         assert re.search(r"fastload reduced-size JPEG decode for \d+% of images \(1/\d", line), line
-        assert "torch full" in line and "--decode full" in line
+        if decode == "auto":
+            assert "torch full" in line and "--decode full" in line
+        else:
+            assert "torch's loader Pillow draft to 224x224" in line
+        assert re.search(r"mean PSNR \d+\.\d dB \(lowest \d+\.\d\) over the \d+ of \d+ probed",
+                         fidelity[0]), fidelity
 
 
 def test_bench_on_small_images_says_both_decode_in_full(tiny_folder):

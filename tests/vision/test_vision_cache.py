@@ -1,9 +1,11 @@
 """The decoded-image cache behind ImageFolder / DatasetFolder (fastload.vision.cache).
 
 References are written here with Pillow from the cache's specification: the
-file decoded in full and converted as the loader converts it, shrunk with
-LANCZOS so the longer side is ``cache_max_side`` (never enlarged), and for
-``cache_format="jpeg"`` re-encoded at quality 90 and decoded again.
+file decoded and converted as the loader converts it (the default loader's
+JPEGs at the smallest of 1/2, 1/4, 1/8 scale whose pixels still cover the
+cached size), shrunk with LANCZOS from the whole frame so the longer side is
+``cache_max_side`` (never enlarged), and for ``cache_format="jpeg"``
+re-encoded at quality 90 and decoded again.
 """
 
 from __future__ import annotations
@@ -59,13 +61,22 @@ def small_folder(tmp_path):
 
 def reference(path: str, side: int = SIDE, fmt: str = "raw") -> Image.Image:
     with open(path, "rb") as f:
-        img = Image.open(f).convert("RGB")
-    width, height = img.size
-    if max(width, height) > side:
-        scale = side / max(width, height)
-        size = (side, max(1, round(height * scale))) if width >= height else \
-            (max(1, round(width * scale)), side)
-        img = img.resize(size, Image.Resampling.LANCZOS)
+        img = Image.open(f)
+        width, height = img.size
+        size = (width, height)
+        if max(width, height) > side:
+            scale = side / max(width, height)
+            size = (side, max(1, round(height * scale))) if width >= height else \
+                (max(1, round(width * scale)), side)
+        # The largest JPEG reduction that still covers the cached size.
+        reduction = next((s for s in (8, 4, 2) if img.format == "JPEG" and
+                          width >= s * size[0] and height >= s * size[1]), 1)
+        if reduction > 1:
+            img.draft("RGB", (width // reduction, height // reduction))
+        img = img.convert("RGB")
+    if size != (width, height):
+        img = img.resize(size, Image.Resampling.LANCZOS,
+                         box=(0, 0, width / reduction, height / reduction))
     if fmt == "jpeg":
         buffer = io.BytesIO()
         img.save(buffer, "JPEG", quality=90)
@@ -103,7 +114,7 @@ def test_cached_size_keeps_the_longer_side_within_the_bound():
 
 
 @pytest.mark.parametrize("fmt", ["raw", "jpeg"])
-def test_pixels_are_the_full_decode_resized_in_every_epoch(folder, tmp_path, fmt):
+def test_pixels_are_the_covering_decode_resized_in_every_epoch(folder, tmp_path, fmt):
     ds = ImageFolder(folder, cache=tmp_path / "cache", cache_max_side=SIDE, cache_format=fmt)
     for epoch in range(2):
         for index, (path, target) in enumerate(ds.samples):

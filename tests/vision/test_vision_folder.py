@@ -14,7 +14,7 @@ import random
 
 import numpy as np
 import pytest
-from PIL import Image, JpegImagePlugin, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from fastload.dataset import Dataset
 from fastload.rng import seed_transform_rng
@@ -30,6 +30,7 @@ from fastload.vision import (
 )
 from fastload.vision import transforms as T
 from fastload.vision.sample_table import SampleTable
+from decode_spy import record_reductions
 from images import save_image, smooth_photo, write_bytes
 
 
@@ -507,19 +508,8 @@ def test_error_without_a_one_message_constructor_keeps_its_type(tmp_path):
 
 @pytest.fixture
 def draft_spy(monkeypatch):
-    """Records the scale of every JPEG draft request that Pillow honours."""
-    scales = []
-    original = JpegImagePlugin.JpegImageFile.draft
-
-    def draft(self, mode, size):
-        width = self.width
-        result = original(self, mode, size)
-        if result is not None:
-            scales.append(round(width / result[1][2]))
-        return result
-
-    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", draft)
-    return scales
+    """Records the scale of every JPEG decoded at reduced size (Pillow's draft or simplejpeg)."""
+    return record_reductions(monkeypatch)
 
 
 @pytest.fixture
@@ -733,16 +723,19 @@ def test_standard_pipeline_runs_fused_and_gives_the_transforms_own_pixels(tmp_pa
     # resize (fastload.vision.resample); the pixels and the random draws must
     # be exactly those of the transforms applied one by one to pil_loader's
     # image.  (224 from images this small never decodes at reduced size.)
+    from fastload.vision import decode as decode_module
     from fastload.vision import transforms as transforms_module
 
     calls = []
-    fused = transforms_module.resize_to_chw
+    # The fused pass from Pillow's memory, and from simplejpeg's pixels.
+    for module, name in ((transforms_module, "resize_to_chw"),
+                         (decode_module, "resize_rgb_bytes_to_chw"),
+                         (decode_module, "resize_rgb_array_to_chw")):
+        def counting(*args, fused=getattr(module, name), **kwargs):
+            calls.append(1)
+            return fused(*args, **kwargs)
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(transforms_module, "resize_to_chw", counting)
+        monkeypatch.setattr(module, name, counting)
     root = str(tmp_path)
     for index, size in enumerate([(500, 375), (333, 500), (96, 64)]):
         save_image(f"{root}/c/{index}.jpg", size=size, seed=index)
