@@ -54,3 +54,34 @@ def save_folder(root: str | os.PathLike, files: list) -> str:
     for seed, (label, name, size) in enumerate(files):
         save_image(os.path.join(os.fspath(root), label, name), size=size, seed=seed)
     return os.fspath(root)
+
+
+def cache_fill_reference(path: str | os.PathLike, side: int, fmt: str = "raw") -> Image.Image:
+    """What the decoded-image cache stores for ``path`` with the default loader, written
+    from its rule: a JPEG decoded at the largest reduction (1/8, 1/4, 1/2) that still
+    covers the cached size, then LANCZOS over that frame to the size whose longer side
+    is ``side`` (never enlarged); a ``jpeg`` store keeps that at quality 90."""
+    import io
+
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        width, height = img.size
+        size = (width, height)
+        if max(width, height) > side:
+            scale = side / max(width, height)
+            size = (side, max(1, round(height * scale))) if width >= height else \
+                (max(1, round(width * scale)), side)
+        reduction = next((s for s in (8, 4, 2) if img.format == "JPEG" and
+                          width >= s * size[0] and height >= s * size[1]), 1)
+        if reduction > 1:
+            img.draft("RGB", (width // reduction, height // reduction))
+        img = img.convert("RGB")
+    if size != (width, height):
+        img = img.resize(size, Image.Resampling.LANCZOS,
+                         box=(0, 0, width / reduction, height / reduction))
+    if fmt == "jpeg":
+        buffer = io.BytesIO()
+        img.save(buffer, "JPEG", quality=90)
+        img = Image.open(io.BytesIO(buffer.getvalue()))
+        img.load()
+    return img

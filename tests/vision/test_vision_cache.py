@@ -29,7 +29,7 @@ from fastload.rng import seed_transform_rng
 from fastload.vision import DatasetFolder, ImageFolder, cache_checksums, cache_store
 from fastload.vision import transforms as T
 from fastload.vision.cache import DecodedImageCache, cached_size
-from images import save_folder, save_image
+from images import cache_fill_reference, save_folder, save_image
 from paths import REPO_DIR, TESTS_DIR
 
 HERE, ROOT = TESTS_DIR, REPO_DIR
@@ -57,32 +57,6 @@ def small_folder(tmp_path):
         ext = "jpg" if index % 3 else "png"
         save_image(root / "ab"[index % 2] / f"{index}.{ext}", size=size, seed=100 + index)
     return str(root)
-
-
-def reference(path: str, side: int = SIDE, fmt: str = "raw") -> Image.Image:
-    with open(path, "rb") as f:
-        img = Image.open(f)
-        width, height = img.size
-        size = (width, height)
-        if max(width, height) > side:
-            scale = side / max(width, height)
-            size = (side, max(1, round(height * scale))) if width >= height else \
-                (max(1, round(width * scale)), side)
-        # The largest JPEG reduction that still covers the cached size.
-        reduction = next((s for s in (8, 4, 2) if img.format == "JPEG" and
-                          width >= s * size[0] and height >= s * size[1]), 1)
-        if reduction > 1:
-            img.draft("RGB", (width // reduction, height // reduction))
-        img = img.convert("RGB")
-    if size != (width, height):
-        img = img.resize(size, Image.Resampling.LANCZOS,
-                         box=(0, 0, width / reduction, height / reduction))
-    if fmt == "jpeg":
-        buffer = io.BytesIO()
-        img.save(buffer, "JPEG", quality=90)
-        img = Image.open(io.BytesIO(buffer.getvalue()))
-        img.load()
-    return img
 
 
 def pixels(img) -> np.ndarray:
@@ -121,7 +95,7 @@ def test_pixels_are_the_covering_decode_resized_in_every_epoch(folder, tmp_path,
             img, label = ds[index]
             assert label == target
             assert type(img) is Image.Image and img.mode == "RGB"
-            expected = reference(path, fmt=fmt)
+            expected = cache_fill_reference(path, SIDE, fmt)
             assert img.size == expected.size
             assert np.array_equal(pixels(img), pixels(expected)), (epoch, path)
     stats = ds.image_cache.stats()
@@ -149,7 +123,7 @@ def test_transforms_run_on_the_cached_image_as_if_it_were_the_file(folder, tmp_p
             seed_transform_rng(7 + index, epoch)
             got, _ = ds[index]
             seed_transform_rng(7 + index, epoch)
-            expected = transform(reference(path))
+            expected = transform(cache_fill_reference(path, SIDE))
             assert np.array_equal(got, expected), (epoch, path)
 
 
@@ -217,7 +191,7 @@ def test_a_changed_or_replaced_file_is_decoded_again(folder, tmp_path):
     save_image(path, size=(40, 30), seed=999)
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     fresh = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
-    assert np.array_equal(pixels(fresh[0][0]), pixels(reference(path)))
+    assert np.array_equal(pixels(fresh[0][0]), pixels(cache_fill_reference(path, SIDE)))
     assert fresh.image_cache.stats()["hits"] == 0
     # Replaced by another file (a new inode), even with the old size and mtime.
     stat = os.stat(path)
@@ -226,7 +200,7 @@ def test_a_changed_or_replaced_file_is_decoded_again(folder, tmp_path):
     os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     os.replace(replacement, path)
     img, _ = fresh[0]
-    assert np.array_equal(pixels(img), pixels(reference(path)))
+    assert np.array_equal(pixels(img), pixels(cache_fill_reference(path, SIDE)))
     assert fresh.image_cache.stats()["hits"] == 0
 
 
@@ -257,10 +231,10 @@ def test_past_max_bytes_images_are_loaded_but_not_cached(folder, tmp_path):
         # Cached, or loaded exactly as without a cache; the same in every epoch.
         img = pixels(ds[index][0])
         assert np.array_equal(img, first[index])
-        if np.array_equal(img, pixels(reference(path))):
+        if np.array_equal(img, pixels(cache_fill_reference(path, SIDE))):
             kept += 1
         else:
-            assert np.array_equal(img, pixels(reference(path, side=10**6)))
+            assert np.array_equal(img, pixels(cache_fill_reference(path, side=10**6)))
     assert kept >= stats["stored"]
     assert cache_store.data_bytes(str(tmp_path / "c")) == stats["stored_bytes"] <= bound
     assert stats["over_bound"] + stats["not_cached"] > 0
@@ -275,7 +249,7 @@ def test_a_cache_directory_that_cannot_be_made_warns_once(folder, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for index, (path, _) in enumerate(ds.samples):
-            assert np.array_equal(pixels(ds[index][0]), pixels(reference(path, side=10**6)))
+            assert np.array_equal(pixels(ds[index][0]), pixels(cache_fill_reference(path, side=10**6)))
 
 
 @pytest.mark.parametrize("failure", [errno.EROFS, errno.EACCES])
@@ -314,18 +288,18 @@ def test_a_full_disk_warns_once_and_leaves_no_entry(folder, tmp_path, monkeypatc
     ds = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     with pytest.warns(RuntimeWarning, match=str(cache)) as caught:
         for index, (path, _) in enumerate(ds.samples):
-            assert np.array_equal(pixels(ds[index][0]), pixels(reference(path, side=10**6)))
+            assert np.array_equal(pixels(ds[index][0]), pixels(cache_fill_reference(path, side=10**6)))
     assert len(caught) == 1 and "No space left" in str(caught[0].message)
     monkeypatch.undo()
     again = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     again.image_cache.refresh()
     assert again.image_cache.stats()["entries"] == 0
     for index, (path, _) in enumerate(again.samples):  # adopts the pair, fills it right
-        assert np.array_equal(pixels(again[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(again[index][0]), pixels(cache_fill_reference(path, SIDE)))
     assert len(cache_files(cache)) == 2
     last = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for index, (path, _) in enumerate(last.samples):
-        assert np.array_equal(pixels(last[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(last[index][0]), pixels(cache_fill_reference(path, SIDE)))
     assert last.image_cache.stats()["hits"] == len(FILES)
 
 
@@ -350,7 +324,7 @@ def test_damaged_records_and_bytes_are_never_read(folder, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     again = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for index, (path, _) in enumerate(again.samples):
-        assert np.array_equal(pixels(again[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(again[index][0]), pixels(cache_fill_reference(path, SIDE)))
     assert again.image_cache.stats()["hits"] == len(FILES) - 2
 
 
@@ -422,7 +396,7 @@ def test_two_processes_fill_one_cache_at_once(tmp_path):
     assert len([n for n in cache_files(cache) if n.endswith(".index")]) == 2
     ds = ImageFolder(str(root), cache=cache, cache_max_side=SIDE)
     for index, (path, _) in enumerate(ds.samples):
-        assert np.array_equal(pixels(ds[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(ds[index][0]), pixels(cache_fill_reference(path, SIDE)))
     assert ds.image_cache.stats()["hits"] == 40 and ds.image_cache.stats()["stored"] == 0
 
 
@@ -461,7 +435,7 @@ def test_a_killed_writer_leaves_only_complete_entries(folder, tmp_path, where):
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     after = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for index, (path, _) in enumerate(after.samples):
-        assert np.array_equal(pixels(after[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(after[index][0]), pixels(cache_fill_reference(path, SIDE)))
     stats = after.image_cache.stats()
     assert stats["hits"] == at - 1 and stats["stored"] == len(FILES) - (at - 1)
     # The new run adopted the dead writer's files: the torn tail is gone.
@@ -470,7 +444,7 @@ def test_a_killed_writer_leaves_only_complete_entries(folder, tmp_path, where):
     assert os.path.getsize(index_file) == len(FILES) * cache_store.RECORD_SIZE
     last = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for index, (path, _) in enumerate(last.samples):
-        assert np.array_equal(pixels(last[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(last[index][0]), pixels(cache_fill_reference(path, SIDE)))
     assert last.image_cache.stats()["hits"] == len(FILES)
 
 
@@ -490,7 +464,7 @@ def test_a_writer_killed_at_any_moment_leaves_a_readable_cache(tmp_path):
         child.wait(timeout=30)
     ds = ImageFolder(str(root), cache=cache, cache_max_side=SIDE)
     for index, (path, _) in enumerate(ds.samples):
-        assert np.array_equal(pixels(ds[index][0]), pixels(reference(path)))
+        assert np.array_equal(pixels(ds[index][0]), pixels(cache_fill_reference(path, SIDE)))
     stats = ds.image_cache.stats()
     assert stats["hits"] + stats["stored"] == 30
 
@@ -591,7 +565,7 @@ def test_jpeg_entries_transform_as_the_re_encoded_file_would(folder, tmp_path):
     for label, name, _ in FILES:
         path = os.path.join(folder, label, name)
         buffer = io.BytesIO()
-        reference(path).save(buffer, "JPEG", quality=90)
+        cache_fill_reference(path, SIDE).save(buffer, "JPEG", quality=90)
         os.makedirs(twin / label, exist_ok=True)
         (twin / label / name).write_bytes(buffer.getvalue())
     transform = T.Compose([T.RandomResizedCrop(20), T.RandomHorizontalFlip(), T.ToArray()])

@@ -16,12 +16,11 @@ import warnings
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from fastload.vision import ImageFolder, cache_store
 from fastload.vision import cache_filesystems
 from fastload.vision.cache_filesystems import filesystem_type, shares_files
-from images import save_folder
+from images import cache_fill_reference, save_folder
 
 SIDE = 64
 FILES = [("a", "0.jpg", (40, 30)), ("a", "1.png", (64, 48)), ("b", "2.jpg", (150, 100))]
@@ -37,12 +36,7 @@ def pixels_of(ds) -> list[np.ndarray]:
 
 
 def reference(path: str) -> np.ndarray:
-    img = Image.open(path).convert("RGB")
-    if max(img.size) > SIDE:
-        scale = SIDE / max(img.size)
-        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
-                         Image.Resampling.LANCZOS)
-    return np.asarray(img)
+    return np.asarray(cache_fill_reference(path, SIDE))
 
 
 def index_names(cache) -> list[str]:

@@ -23,7 +23,7 @@ from PIL import Image
 
 from fastload.vision import DatasetFolder, ImageFolder, cache_checksums, cache_store
 from fastload.vision.cache_key import UnidentifiedLoader, loader_identity
-from images import save_folder
+from images import cache_fill_reference, save_folder
 from paths import REPO_DIR, TESTS_DIR
 
 SIDE = 64
@@ -42,19 +42,14 @@ def load(path: str, mode: str = "RGB") -> Image.Image:
         return Image.open(f).convert(mode)
 
 
-def expected(path: str, mode: str = "RGB", fmt: str = "raw") -> np.ndarray:
-    import io
-
+def expected(path: str, mode: str = "RGB") -> np.ndarray:
+    """What a custom loader's image is cached as: loaded in full, then shrunk to SIDE."""
     img = load(path, mode)
     if max(img.size) > SIDE:
         scale = SIDE / max(img.size)
         size = (SIDE, max(1, round(img.height * scale))) if img.width >= img.height else \
             (max(1, round(img.width * scale)), SIDE)
         img = img.resize(size, Image.Resampling.LANCZOS)
-    if fmt == "jpeg":
-        buffer = io.BytesIO()
-        img.save(buffer, "JPEG", quality=90)
-        img = Image.open(io.BytesIO(buffer.getvalue()))
     return np.asarray(img)
 
 
@@ -225,7 +220,8 @@ def test_a_run_never_reads_entries_another_format_stored(folder, tmp_path, first
     ds = ImageFolder(folder, cache=cache, cache_max_side=SIDE, cache_format=second)
     for epoch in range(2):
         for got, (path, _) in zip(run_all(ds), ds.samples):
-            assert np.array_equal(got, expected(path, fmt=second)), (epoch, path)
+            assert np.array_equal(got, np.asarray(cache_fill_reference(path, SIDE, second))), \
+                (epoch, path)
     assert ds.image_cache.stats()["hits"] == len(FILES)  # its own entries, the second epoch
 
 
@@ -234,7 +230,7 @@ def test_a_run_never_reads_entries_stored_at_another_side(folder, tmp_path):
     run_all(ImageFolder(folder, cache=cache, cache_max_side=32))
     ds = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for got, (path, _) in zip(run_all(ds), ds.samples):
-        assert np.array_equal(got, expected(path))
+        assert np.array_equal(got, np.asarray(cache_fill_reference(path, SIDE)))
     assert ds.image_cache.stats()["hits"] == 0
 
 
@@ -250,7 +246,7 @@ def test_records_of_another_layout_are_never_read_and_their_pair_is_reused(folde
     index_file.write_bytes(records.tobytes())
     again = ImageFolder(folder, cache=cache, cache_max_side=SIDE)
     for got, (path, _) in zip(run_all(again), again.samples):
-        assert np.array_equal(got, expected(path))
+        assert np.array_equal(got, np.asarray(cache_fill_reference(path, SIDE)))
     assert again.image_cache.stats()["hits"] == 0
     assert again.image_cache.stats()["stored"] == len(FILES)
     # The old records were cut off with the pair's uncommitted tail: only the new ones remain.
