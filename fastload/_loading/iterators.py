@@ -13,7 +13,8 @@ import warnings
 from typing import Any, Iterator, NoReturn
 
 from fastload.collate import to_torch
-from fastload.dataset_state import MainSnapshot, is_stateful, restore_copy
+from fastload.dataset_state import MainSnapshot, is_stateful, load_dataset_state, \
+    resume_stream, warn_of_replay
 from fastload.elastic import remainder_stream
 from fastload.resume import EpochProgress
 from fastload.sampler import BatchSampler
@@ -203,13 +204,22 @@ class _SingleProcessIter(_BaseIter):
                 f"itself; set timeout=0 (torch: _SingleProcessDataLoaderIter requires "
                 f"timeout == 0)")
         super().__init__(settings)
-        self._begin_epoch(resume, lazy=True)
         section = resume.get("dataset") if resume is not None else None
+        snap = section["main"] if section is not None else None
+        # The dataset's state was taken before the epoch drew its base seed: a
+        # dataset whose state is torch's generator sets it back before the draw.
+        load_dataset_state(self._dataset, snap)
+        self._begin_epoch(resume, lazy=True)
         if section is not None:
-            restore_copy(self._dataset, self._source, section["main"])
-        if is_stateful(self._dataset):
+            replay = section.get("replay", 0)
+            if replay:
+                samples = replay * (settings.batch.batch_size or 1)
+                warn_of_replay(self._dataset, samples, stacklevel=5)  # iter(loader)
+            resume_stream(self._source, snap, replay, section.get("next_epoch", False))
+        if self._source.iterable or is_stateful(self._dataset):
             self.progress.datasets = MainSnapshot(self._source)
-        if self._source.iterable and not self._source.stream_ended:
+        if self._source.iterable and not self._source.stream_ended \
+                and self._source.stream is None:
             # As torch: the dataset's iter() runs now, so its errors (even a
             # StopIteration) come out of iter(loader).  (A worker's runs at its first batch.)
             self._source.open_stream()

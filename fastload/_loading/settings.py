@@ -39,6 +39,7 @@ class LoaderSettings:
     timeout: float
     in_order: bool
     persistent_workers: bool
+    snapshot_every_n_steps: int        # a worker sends its dataset copy's state every n of its batches
     multiprocessing_context: Any       # None: multiprocessing's default
     worker_init_fn: Callable[[int], None] | None
     seed_source: Any                   # the loader's SeedSource: an epoch's base seed

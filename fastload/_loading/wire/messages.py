@@ -9,8 +9,10 @@ than a tuple subclass, on the per-batch path of both processes.
 
 Tasks, main process -> worker (field 0 is the kind):
 
-* ``epoch_task(base_seed)``: a new epoch starts (new transform seeds, an
-  IterableDataset starts over);
+* ``epoch_task(base_seed, snapshot_every)``: a new epoch starts (new
+  transform seeds, an IterableDataset starts over); a dataset copy with
+  state is snapshotted with every ``snapshot_every``-th batch (0: never)
+  and with its stream's end;
 * ``batch_task(batch_no, slot, kernel_batch, indices)``: make batch
   ``batch_no`` in ``slot`` (a ``SlotInfo`` as a tuple).  ``kernel_batch``:
   ``indices`` is the bytes of our BatchSampler kernel's int64 array (the
@@ -20,8 +22,10 @@ Tasks, main process -> worker (field 0 is the kind):
   segment; unmap it;
 * ``RESEND_LAYOUTS``: the main process lost a layout; number them afresh
   (``layouts.py``);
-* ``dataset_state_task(snapshot)``: resuming, before the epoch's first
-  batch: load it into this worker's copy of the dataset
+* ``dataset_state_task(snapshot, replay, next_epoch)``: resuming, before
+  the epoch's first batch: load it into this worker's copy of the dataset
+  (None: the copy has no state), make the batches ``replay`` names again
+  and drop them, and with ``next_epoch`` leave the stream to start over
   (``fastload/dataset_state.py``);
 * ``indirect_task(name, size)``: the real task waits in a shared-memory
   segment, being too large for its share of the pipe (``pool.py``);
@@ -32,8 +36,8 @@ Tasks, main process -> worker (field 0 is the kind):
 Replies, worker -> main process: ``(kind, batch_no, slot_id, created,
 payload)``, where ``created`` names the segment the worker created for the
 slot (or None; the main process adopts it, also for a failed batch), and,
-for a dataset with ``state_dict``, a sixth field ``SNAPSHOT``: the worker's
-copy's state after the batch (``dataset_state``).  The kinds:
+when it is time for one (``epoch_task``), a sixth field ``SNAPSHOT``: the
+worker's copy's state after the batch (``dataset_state``).  The kinds:
 
 * ``BATCH_MADE``: ``payload`` is the batch's layout, encoded by
   ``layouts.LayoutSender`` (a layout travels once per worker, then by number);
@@ -70,8 +74,8 @@ STOP = None
 STOP_BYTES = pickle.dumps(STOP)  # as the main process sends it, and a worker looks for it
 
 
-def epoch_task(base_seed: int) -> tuple:
-    return (EPOCH, base_seed)
+def epoch_task(base_seed: int, snapshot_every: int) -> tuple:
+    return (EPOCH, base_seed, snapshot_every)
 
 
 def batch_task(batch_no: int, slot: tuple, kernel_batch: bool, indices: Any) -> tuple:
@@ -82,8 +86,8 @@ def retire_task(slot_id: int, name: str) -> tuple:
     return (RETIRE, slot_id, name)
 
 
-def dataset_state_task(snapshot: dict) -> tuple:
-    return (DATASET_STATE, snapshot)
+def dataset_state_task(snapshot: dict | None, replay: Any, next_epoch: bool) -> tuple:
+    return (DATASET_STATE, snapshot, replay, next_epoch)
 
 
 def indirect_task(name: str, size: int) -> tuple:
