@@ -378,7 +378,13 @@ class DataLoader(Generic[_T_co]):
             warn_if_order_unknown(self)
         if self._pending_state is not None:
             return dict(self._pending_state)
-        state = make_state([s.get_state() for s in self._rng_sources()], self._progress, self)
+        state = make_state([s.pinned_state() for s in self._rng_sources()], self._progress, self)
+        live = self._iterator is not None and not self._iterator.closed
+        if live and self._progress is not None and self._progress.finished:
+            # The next epoch runs on these persistent workers, drawing no base seed.
+            quiet = self._seed_source.quiet_preview()
+            if quiet is not None:
+                state["next_base_seed"] = quiet
         section = dataset_section(self, self._progress)
         if section is not None:
             state["dataset"] = section

@@ -271,6 +271,10 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
             or len(state["rng_states"]) != len(sources):
         raise ValueError("this state_dict comes from a DataLoader with other random samplers; "
                          "build the loader with the same arguments")
+    quiet = state.get("next_base_seed")
+    if quiet is not None and not (_is_count(quiet) and quiet < 1 << 63):
+        raise ValueError(f"DataLoader state_dict: next_base_seed={quiet!r} must be a seed "
+                         f"(an int in [0, 2**63))")
     handed = state["batches_yielded"]
     after = state["yielded_after"]
     if not _is_count(handed) or not all(_is_count(b) and b > handed for b in after):
@@ -456,6 +460,8 @@ class TorchGeneratorState:
 
     def get_state(self) -> tuple:
         return ("torch.Generator", self.generator.get_state())
+
+    pinned_state = get_state  # between epochs as within
 
     def set_state(self, state: tuple) -> None:
         if not (isinstance(state, tuple) and len(state) == 2 and state[0] == "torch.Generator"):

@@ -20,6 +20,7 @@ Two streams, kept apart on purpose:
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 import threading
@@ -56,7 +57,22 @@ def _is_torch_generator(obj: Any) -> bool:
 # (a ``_DrawLog``); restoring it replays them, without touching the global
 # generator, then draws from that generator again.  A script that restores
 # ``torch.set_rng_state`` alongside the loader's state therefore continues as
-# an uninterrupted run would.
+# an uninterrupted run would.  A state taken between epochs holds the global
+# generator's state then (``pinned_state``, a ``_PIN`` string): the first draw
+# after restoring it draws from the global generator if it is in that state
+# again (the script restored it, or reseeded to it), else from a private
+# generator set to it, so the next epoch's order is the uninterrupted run's
+# either way, and the global generator is left alone.
+
+_PIN = "torch-rng:"  # a pinned state's entry: the global generator's state, base64
+
+
+def _pin_of(torch: Any, generator: Any) -> str:
+    return _PIN + base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+
+
+def _is_pin(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(_PIN)
 
 
 class _DrawLog:
@@ -82,9 +98,12 @@ class _TorchDefaultDraws:
     """What a ``None`` source knows of its draws from torch's default generator
     (shared by the sources sharing its stream)."""
 
-    __slots__ = ("pending", "logs", "last", "pinned")
+    __slots__ = ("pending", "logs", "last", "pinned", "private")
 
     def __init__(self) -> None:
+        # A private torch.Generator drawn from instead of the global one, set by a
+        # pinned state the global generator no longer matches (NOTE above).
+        self.private: Any = None
         self.pending: deque = deque()  # values a restored state replays, in order
         self.logs: weakref.WeakSet = weakref.WeakSet()  # live states, recording each draw
         self.last: int | None = None  # the last seed drawn, which draw_quiet derives from
@@ -92,12 +111,35 @@ class _TorchDefaultDraws:
 
     def __getstate__(self) -> tuple:
         # The live records stay behind: they are this process's states.
-        return (list(self.pending), self.last, self.pinned)
+        private = None if self.private is None else self.private.get_state()
+        return (list(self.pending), self.last, self.pinned, private)
 
     def __setstate__(self, state: tuple) -> None:
-        pending, self.last, self.pinned = state
+        pending, self.last, self.pinned, private = state
         self.pending = deque(pending)
         self.logs = weakref.WeakSet()
+        self.private = None
+        if private is not None:
+            import torch  # a private generator was made, so torch is there
+
+            self.private = torch.Generator()
+            self.private.set_state(private)
+
+    def settle_pin(self, torch: Any) -> None:
+        """A pinned state at the head of the replays: draw from the global
+        generator if it is in that state, else from a private one set to it."""
+        if not (self.pending and _is_pin(self.pending[0])):
+            return
+        pin = self.pending.popleft()
+        self.private = None
+        if pin != _pin_of(torch, torch.default_generator):
+            self.private = torch.Generator()
+            self.private.set_state(torch.frombuffer(
+                bytearray(base64.b64decode(pin[len(_PIN):])), dtype=torch.uint8))
+
+    def generator(self, torch: Any) -> Any:
+        """The generator this stream's next draw comes from."""
+        return torch.default_generator if self.private is None else self.private
 
     def record(self, value: Any, replayed: bool) -> None:
         for log in list(self.logs):
@@ -185,13 +227,16 @@ class SeedSource:
 
             return int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
         draws = self._default
+        following = _torch_default_draws(self)
+        if following is not None:
+            following[1].settle_pin(following[0])
         if draws is not None and draws.pending:  # a restored state's (needs no torch)
             value = draws.last = int(draws.replayed(int))
             return value
-        following = _torch_default_draws(self)
         if following is not None:
             torch, draws = following
-            value = draws.last = int(torch.empty((), dtype=torch.int64).random_().item())
+            value = draws.last = int(torch.empty((), dtype=torch.int64).random_(
+                generator=draws.generator(torch)).item())
             draws.record(value, replayed=False)
             return value
         return int(self._numpy.integers(0, 1 << _SEED_BITS, dtype=np.int64))
@@ -201,6 +246,9 @@ class SeedSource:
         following torch, derived from its last draw (the global generator is
         left alone); from any other, the next seed, as ``draw()``."""
         draws = self._default
+        following = _torch_default_draws(self)
+        if following is not None:
+            following[1].settle_pin(following[0])
         if draws is None or not draws.pending and (
                 draws.last is None or _torch_default_draws(self) is None):
             # Not following torch, or nothing to derive from (a loader's first
@@ -215,6 +263,23 @@ class SeedSource:
         draws.last = value
         return value
 
+    def quiet_preview(self) -> int | None:
+        """What ``draw_quiet()`` would give now, without giving it, for a ``None``
+        source following torch (a persistent iterator's next epoch); else None."""
+        draws = self._default
+        if draws is None or draws.pending or draws.last is None \
+                or _torch_default_draws(self) is None:
+            return None
+        mixed = np.random.SeedSequence([draws.last, 0x717569657421])  # as draw_quiet
+        return int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+
+    def take_quiet(self, value: int) -> None:
+        """A resumed persistent epoch's base seed ``value`` (``quiet_preview``), as if
+        ``draw_quiet()`` had given it."""
+        draws = self._default
+        draws.record(value, replayed=False)
+        draws.last = value
+
     def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
         """``op(torch, generator)`` on torch's default generator, when this is a
         ``None`` source and torch is imported; else None (nothing run).
@@ -228,14 +293,16 @@ class SeedSource:
         if following is None:
             return None
         torch, draws = following
+        draws.settle_pin(torch)
         if draws.pending:
             generator = torch.Generator()
             generator.set_state(torch.frombuffer(bytearray(draws.replayed(bytes)),
                                                  dtype=torch.uint8))
             return op(torch, generator)
+        generator = draws.generator(torch)
         if draws.logs:  # a state is being kept: it must replay this op
-            draws.record(torch.default_generator.get_state().numpy().tobytes(), replayed=False)
-        return op(torch, torch.default_generator)
+            draws.record(generator.get_state().numpy().tobytes(), replayed=False)
+        return op(torch, generator)
 
     def get_state(self) -> Any:
         """An opaque, picklable snapshot of the stream (a live record of the
@@ -248,6 +315,15 @@ class SeedSource:
             draws.logs.add(log)
             return ("torch.default_generator", log)
         return ("numpy", self._numpy.bit_generator.state)
+
+    def pinned_state(self) -> Any:
+        """A state taken between epochs: for a ``None`` source following torch,
+        the global generator's state now (NOTE [ torch's global seed ]); else ``get_state()``."""
+        following = _torch_default_draws(self)
+        if following is None or following[1].pending:
+            return self.get_state()
+        torch, draws = following
+        return ("torch.default_generator", (_pin_of(torch, draws.generator(torch)),))
 
     def set_state(self, state: Any) -> None:
         kind, value = state
@@ -262,10 +338,11 @@ class SeedSource:
         elif kind == "torch.default_generator" and self._default is not None:
             values = value.values if isinstance(value, _DrawLog) else value
             if not isinstance(values, (list, tuple)) \
-                    or not all(_is_seed(v) or isinstance(v, bytes) for v in values):
+                    or not all(_is_seed(v) or isinstance(v, bytes) or _is_pin(v) for v in values):
                 raise ValueError(f"not a state of torch's default generator's draws: {value!r:.80}")
             self._default.pending = deque(int(v) if _is_seed(v) else v for v in values)
             self._default.pinned = False
+            self._default.private = None
         else:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
 

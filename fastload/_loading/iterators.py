@@ -114,7 +114,14 @@ class _BaseIter:
         # torch draws a base seed as each iterator is made; a persistent
         # iterator's later epochs (``same_workers``) keep theirs, drawing
         # nothing: NOTE [ torch's global seed ] in rng.py.
-        base_seed = self._seed_source.draw_quiet() if same_workers else self._seed_source.draw()
+        quiet = (resume or {}).get("next_base_seed")
+        if quiet is not None:  # a persistent iterator's next epoch, resumed (make_state)
+            self._seed_source.take_quiet(quiet)
+            base_seed = quiet
+        elif same_workers:
+            base_seed = self._seed_source.draw_quiet()
+        else:
+            base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
         start = (resume or {}).get("distributed", {}).get("start", 0)
         if start:

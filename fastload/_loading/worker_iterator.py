@@ -31,7 +31,7 @@ from fastload._loading.settings import LoaderSettings
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
-    SLOT_ID, SNAPSHOT, START_FAILED, STREAM_ENDED, batch_task, dataset_state_task, epoch_task, \
+    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, batch_task, dataset_state_task, epoch_task, \
     retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
@@ -204,6 +204,7 @@ class _MultiProcessIter(_BaseIter):
         self._len_called = len_called
         with self._worker_death_raises():
             self._drain()
+            self._refresh_snapshots()
             base_seed = self._begin_epoch(resume, same_workers=True)
             self._start_dispatch(base_seed)
 
@@ -220,6 +221,33 @@ class _MultiProcessIter(_BaseIter):
             self._ring.release(reply[SLOT_ID])
         if self._snapshots is not None:
             self._snapshots.absorb_unhanded(worker_of)
+
+    def _refresh_snapshots(self) -> None:
+        """Persistent workers, between epochs: a worker whose last snapshot is older
+        than its last batch (``snapshot_every_n_steps``) sends one now, so a state of
+        the next epoch's start holds its copy as it is (batches of a past epoch
+        cannot be replayed: its seeds are gone)."""
+        snapshots = self._snapshots
+        if snapshots is None:
+            return
+        stale = [w for w, replay in enumerate(snapshots.replays) if replay]
+        for worker in stale:
+            self._pool.send(worker, SNAPSHOT_REQUEST)
+        for worker in stale:
+            while True:
+                got = self._pool.receive(self._timeout, worker)
+                if got is None:
+                    self._pool.exit_grace = 0.0
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds "
+                                       f"waiting for worker {worker}'s dataset state_dict()")
+                kind, payload = got[1][0], got[1][4]
+                if kind == START_FAILED:
+                    self.shutdown()
+                    payload.reraise()
+                if kind == SNAPSHOT_TAKEN:
+                    break
+            snapshots.workers[worker] = payload
+            snapshots.replays[worker] = 0 if self._iterable else []
 
     # -- tasks ---------------------------------------------------------------
 
@@ -411,6 +439,8 @@ class _MultiProcessIter(_BaseIter):
         return None
 
     def _end_epoch(self) -> None:
+        if self._persistent:
+            self._refresh_snapshots()  # every task is answered: the copies are idle
         self.epoch_finished = True
         if not self._persistent:
             if self._spares is not None:

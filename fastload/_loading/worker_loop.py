@@ -29,8 +29,8 @@ from fastload._loading.parent_watch import LIVENESS_INTERVAL, ORPHAN_GRACE, Pare
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._loading.wire.layouts import LayoutSender
 from fastload._loading.wire.messages import BATCH, BATCH_NO, CREATED, EPOCH, INDIRECT, KIND, \
-    RESEND_LAYOUTS, RETIRE, SLOT_ID, STOP, STOP_BYTES, batch_reply, \
-    failed_reply, start_failed_reply, stream_ended_reply, with_snapshot
+    RESEND_LAYOUTS, RETIRE, SLOT_ID, SNAPSHOT_REQUEST, STOP, STOP_BYTES, batch_reply, \
+    failed_reply, snapshot_reply, start_failed_reply, stream_ended_reply, with_snapshot
 from fastload._loading.wire.payload import PickledPayload, unpickle_payload
 from fastload._loading.worker_info import start_as_worker
 
@@ -302,6 +302,14 @@ class _Worker:
             self.writer.forget(message[1], message[2])
         elif kind == RESEND_LAYOUTS[KIND]:
             self.layouts = LayoutSender()
+        elif kind == SNAPSHOT_REQUEST[KIND]:
+            try:
+                reply = snapshot_reply(snapshot(self.dataset, self.source,
+                                                self.source.stream_ended))
+            except Exception:
+                reply = start_failed_reply(ExceptionWrapper(
+                    f"{self.where} (taking the dataset's state_dict() at the epoch's end)"))
+            return self.pipes.send(reply)
         else:  # DATASET_STATE
             try:
                 restore_copy(self.dataset, self.source, *message[1:])

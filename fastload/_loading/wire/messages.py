@@ -27,6 +27,9 @@ Tasks, main process -> worker (field 0 is the kind):
   (None: the copy has no state), make the batches ``replay`` names again
   and drop them, and with ``next_epoch`` leave the stream to start over
   (``fastload/dataset_state.py``);
+* ``SNAPSHOT_REQUEST``: answer with a snapshot of this worker's copy now
+  (``SNAPSHOT_TAKEN``): at the end of a persistent worker's epoch, when its
+  last snapshot is older than its last batch;
 * ``indirect_task(name, size)``: the real task waits in a shared-memory
   segment, being too large for its share of the pipe (``pool.py``);
 * ``STOP`` (``None``, sent as ``STOP_BYTES``): exit, without making the
@@ -43,6 +46,7 @@ worker's copy's state after the batch (``dataset_state``).  The kinds:
   ``layouts.LayoutSender`` (a layout travels once per worker, then by number);
 * ``STREAM_ENDED``: the worker's IterableDataset replica is exhausted;
 * ``BATCH_FAILED``: ``payload`` is the error (``errors.ExceptionWrapper``);
+* ``SNAPSHOT_TAKEN``: ``payload`` is the snapshot ``SNAPSHOT_REQUEST`` asked for;
 * ``START_FAILED``: the worker could not start (``worker_init_fn``,
   unpickling its payload) or load a dataset state; ``payload`` is the error.
 """
@@ -53,6 +57,7 @@ import pickle
 from typing import Any
 
 __all__ = ["EPOCH", "BATCH", "RETIRE", "RESEND_LAYOUTS", "DATASET_STATE", "INDIRECT", "STOP",
+           "SNAPSHOT_REQUEST", "SNAPSHOT_TAKEN", "snapshot_reply",
            "STOP_BYTES", "epoch_task", "batch_task", "retire_task", "dataset_state_task",
            "indirect_task", "BATCH_MADE", "STREAM_ENDED", "BATCH_FAILED", "START_FAILED",
            "KIND", "BATCH_NO", "SLOT_ID", "CREATED", "PAYLOAD", "SNAPSHOT", "batch_reply",
@@ -70,6 +75,7 @@ INDIRECT = "indirect"
 # still refer to the old numbers; those the main process has stay valid,
 # since a worker's answers arrive in the order it sends them.
 RESEND_LAYOUTS = ("resend_layouts",)
+SNAPSHOT_REQUEST = ("snapshot",)
 STOP = None
 STOP_BYTES = pickle.dumps(STOP)  # as the main process sends it, and a worker looks for it
 
@@ -100,6 +106,7 @@ BATCH_MADE = "batch"
 STREAM_ENDED = "end"
 BATCH_FAILED = "error"
 START_FAILED = "init_error"
+SNAPSHOT_TAKEN = "snapshot"
 
 # A reply's fields.
 KIND, BATCH_NO, SLOT_ID, CREATED, PAYLOAD, SNAPSHOT = range(6)
@@ -115,6 +122,10 @@ def stream_ended_reply(batch_no: int, slot_id: int, created: str | None) -> tupl
 
 def failed_reply(batch_no: int, slot_id: int, created: str | None, error: Any) -> tuple:
     return (BATCH_FAILED, batch_no, slot_id, created, error)
+
+
+def snapshot_reply(snapshot: dict | None) -> tuple:
+    return (SNAPSHOT_TAKEN, -1, -1, None, snapshot)
 
 
 def start_failed_reply(error: Any) -> tuple:
