@@ -37,8 +37,8 @@ from fastload.dataset import is_iterable_dataset
 from fastload.dataset_state import check_dataset_section, dataset_section, has_state, \
     needs_fresh_workers
 from fastload.elastic import distributed_split, rebase_to_split, record_split
-from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
-    seed_streams, warn_if_order_unknown
+from fastload.resume import EpochProgress, check_state, epoch_sampler, kept_order_section, \
+    make_state, order_keeping, seed_streams, warn_if_order_unknown
 from fastload._ring import SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -331,7 +331,8 @@ class DataLoader(Generic[_T_co]):
             multiprocessing_context=self.multiprocessing_context,
             worker_init_fn=self.worker_init_fn, seed_source=self._seed_source,
             rng_sources=tuple(self._rng_sources()), epoch_sampler=epoch_sampler(self),
-            index_sampler=self._index_sampler, split=distributed_split(self),
+            index_sampler=self._index_sampler, kept_order=order_keeping(self),
+            split=distributed_split(self),
             len_called=self._IterableDataset_len_called, pin_memory=pinning[0],
             pin_memory_device=pinning[1], spare_slots=self._spare_slots)
 
@@ -379,6 +380,7 @@ class DataLoader(Generic[_T_co]):
         if self._pending_state is not None:
             return dict(self._pending_state)
         state = make_state([s.pinned_state() for s in self._rng_sources()], self._progress, self)
+        state.update(kept_order_section(self._progress, self))
         live = self._iterator is not None and not self._iterator.closed
         if live and self._progress is not None and self._progress.finished:
             # The next epoch runs on these persistent workers, drawing no base seed.

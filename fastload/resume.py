@@ -76,7 +76,7 @@ class EpochProgress:
     """
 
     __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished", "datasets",
-                 "order_start")
+                 "order_start", "order", "sampler_state")
 
     def __init__(self, rng_states: list, sampler_epoch: Any, handed: int = 0,
                  after: frozenset = frozenset()) -> None:
@@ -90,6 +90,10 @@ class EpochProgress:
         # A DistributedSampler epoch resumed from elsewhere: where in the epoch's
         # order its suffix starts (fastload/elastic.py).
         self.order_start = 0
+        # A sampler fastload does not own (order_keeping): the epoch's batches as
+        # drawn, or its state_dict() at the epoch's start.
+        self.order: list | None = None
+        self.sampler_state: Any = None
         self._advance()
 
     def hand(self, batch_no: int) -> None:
@@ -271,6 +275,10 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
             or len(state["rng_states"]) != len(sources):
         raise ValueError("this state_dict comes from a DataLoader with other random samplers; "
                          "build the loader with the same arguments")
+    order = state.get("order")
+    if order is not None and not isinstance(order, list):
+        raise ValueError(f"DataLoader state_dict: 'order' must be the epoch's batches (a list), "
+                         f"got {type(order).__name__}")
     quiet = state.get("next_base_seed")
     if quiet is not None and not (_is_count(quiet) and quiet < 1 << 63):
         raise ValueError(f"DataLoader state_dict: next_base_seed={quiet!r} must be a seed "
@@ -336,29 +344,79 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
 
 
-def warn_if_order_unknown(loader: Any) -> None:
-    """Warn (once per loader) when the sampler that decides the order is not one whose
-    order a state restores."""
-    if loader._warned_unknown_order:
-        return
+# How the order of the sampler that decides it is kept (``order_keeping``):
+# None: fastload restores it (its own samplers' seed streams, a torch.Generator,
+# torch's seeded samplers, plain sequences); "state": its own state_dict(),
+# taken at the epoch's start, restored before the epoch is drawn again;
+# "order": the epoch's batches as it drew them, kept in the state.
+KEEP_STATE, KEEP_ORDER = "state", "order"
+
+
+def order_keeping(loader: Any) -> tuple[str | None, Any]:
+    """``(how, sampler)``: how a state keeps the order of the sampler that decides it.
+
+    A sampler fastload does not own, without a state of its own or a
+    generator (torch's RandomSampler with ``generator=None`` draws from the
+    global generator), has its epoch drawn whole at its first batch and kept:
+    its draws are the ones it makes when iterated, and resuming replays the
+    kept batches, so the rest of the epoch is the uninterrupted run's however
+    the global generator stands then.  One without a length cannot be drawn
+    whole: it is replayed from the epoch's start (``warn_if_order_unknown``).
+    """
     # A plain BatchSampler only groups what its sampler yields: look through it.
     chain = [obj for obj in sampler_chain(loader) if not _is_plain_batch_sampler(obj)]
-    if not chain:
-        return
+    if not chain or getattr(loader, "_iterable", False):
+        return None, None
     source = chain[0]
+    if _restores_order(source):
+        return None, None
+    if callable(getattr(source, "state_dict", None)) \
+            and callable(getattr(source, "load_state_dict", None)):
+        return KEEP_STATE, source
+    try:
+        len(source)
+    except Exception:
+        return None, source
+    return KEEP_ORDER, source
+
+
+def _restores_order(source: Any) -> bool:
     # torch's DistributedSampler draws from its seed and epoch (a state keeps the epoch).
-    if type(source).__module__ in _OWN_SAMPLER_MODULES \
-            or _is_torch_class(source, "torch.utils.data.sampler", "SequentialSampler") \
-            or _is_torch_class(source, "torch.utils.data.distributed", "DistributedSampler") \
-            or torch_generator_of(source) is not None \
-            or isinstance(source, (range, list, tuple, np.ndarray)):
+    return type(source).__module__ in _OWN_SAMPLER_MODULES \
+        or _is_torch_class(source, "torch.utils.data.sampler", "SequentialSampler") \
+        or _is_torch_class(source, "torch.utils.data.distributed", "DistributedSampler") \
+        or torch_generator_of(source) is not None \
+        or isinstance(source, (range, list, tuple, np.ndarray))
+
+
+def warn_if_order_unknown(loader: Any) -> None:
+    """Warn (once per loader) when the sampler that decides the order is one whose
+    order a state can neither restore nor keep (no state, no generator, no length)."""
+    if loader._warned_unknown_order:
+        return
+    how, source = order_keeping(loader)
+    if how is not None or source is None:
         return
     loader._warned_unknown_order = True
     warnings.warn(f"DataLoader.state_dict: the order of {_type_name(source)} is not one "
-                  f"fastload can save; resuming replays it from the start of the epoch and "
-                  f"skips the batches already handed out, which is exact only if it yields "
-                  f"the same order again (seed it for each epoch, or use fastload's samplers)",
-                  stacklevel=3)
+                  f"fastload can save (it has no state_dict(), no generator and no len()); "
+                  f"resuming replays it from the start of the epoch and skips the batches "
+                  f"already handed out, which is exact only if it yields the same order again "
+                  f"(seed it for each epoch, or use fastload's samplers)", stacklevel=3)
+
+
+def kept_order_section(progress: Any, loader: Any) -> dict:
+    """The state's entries for a sampler fastload does not own (``order_keeping``)."""
+    how, sampler = order_keeping(loader)
+    started = progress is not None and not progress.finished
+    if how == KEEP_STATE:
+        # Mid-epoch: its state at the epoch's start; between epochs: now (the next start).
+        state = progress.sampler_state if started else sampler.state_dict()
+        return {"sampler_state": copy.deepcopy(state)}
+    if how == KEEP_ORDER and started and progress.order is not None:
+        return {"order": [batch.tolist() if isinstance(batch, np.ndarray) else batch
+                          for batch in progress.order]}
+    return {}
 
 
 def _is_plain_batch_sampler(obj: Any) -> bool:

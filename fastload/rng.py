@@ -21,12 +21,13 @@ Two streams, kept apart on purpose:
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -279,6 +280,30 @@ class SeedSource:
         draws = self._default
         draws.record(value, replayed=False)
         draws.last = value
+
+    @contextlib.contextmanager
+    def global_draws(self) -> Iterator[None]:
+        """Within: torch's global generator draws as this source does: from a
+        private generator a pinned state set (its state swapped in, then back,
+        the private one advanced), else from itself.  For a sampler of the
+        caller's that draws from the global generator, drawn whole at once."""
+        following = _torch_default_draws(self)
+        if following is None:
+            yield
+            return
+        torch, draws = following
+        draws.settle_pin(torch)
+        private = draws.private
+        if private is None:
+            yield
+            return
+        caller_state = torch.default_generator.get_state()
+        torch.default_generator.set_state(private.get_state())
+        try:
+            yield
+        finally:
+            private.set_state(torch.default_generator.get_state())
+            torch.default_generator.set_state(caller_state)
 
     def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
         """``op(torch, generator)`` on torch's default generator, when this is a

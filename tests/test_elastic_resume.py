@@ -294,7 +294,9 @@ def test_a_start_past_the_dataset_is_refused():
 def test_the_state_stays_a_small_plain_dict():
     state = run_until(2, 2)[1][0]
     assert json.loads(json.dumps(state["distributed"])) == state["distributed"]
-    assert len(repr(make(2, 0, n=10 ** 6)[0].state_dict())) < 4096
+    # Between epochs, a state also holds torch's global generator as it was (about
+    # 5 KB, rng.py's pinned state), whatever the dataset's length.
+    assert len(repr(make(2, 0, n=10 ** 6)[0].state_dict())) < 12_000
 
 
 RANK_SCRIPT = r"""

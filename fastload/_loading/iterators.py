@@ -8,15 +8,18 @@ Both draw the epoch's index batches, seeds and resume skips the same way
 
 from __future__ import annotations
 
+import copy
 import itertools
 import warnings
 from typing import Any, Iterator, NoReturn
+
+import numpy as np
 
 from fastload.collate import to_torch
 from fastload.dataset_state import MainSnapshot, is_stateful, load_dataset_state, \
     resume_stream, warn_of_replay
 from fastload.elastic import remainder_stream
-from fastload.resume import EpochProgress
+from fastload.resume import KEEP_ORDER, KEEP_STATE, EpochProgress
 from fastload.sampler import BatchSampler
 from fastload._loading.errors import IterArgumentError
 from fastload._loading.fetch import BatchSource
@@ -79,6 +82,7 @@ class _BaseIter:
         self._rng_sources = settings.rng_sources
         self._epoch_sampler = settings.epoch_sampler
         self._index_sampler = settings.index_sampler
+        self._kept_order = settings.kept_order
         self._split = settings.split
         self._len_called = settings.len_called
         self.progress = EpochProgress([], None)
@@ -109,8 +113,13 @@ class _BaseIter:
             if resume["sampler_epoch"] is not None and self._epoch_sampler is not None:
                 self._epoch_sampler.set_epoch(resume["sampler_epoch"])
             skip, skip_after = int(resume["batches_yielded"]), resume["yielded_after"]
+        how, foreign = self._kept_order
+        if how == KEEP_STATE and resume is not None and resume.get("sampler_state") is not None:
+            foreign.load_state_dict(copy.deepcopy(resume["sampler_state"]))
         self.progress = EpochProgress([s.get_state() for s in sources],
                                       getattr(self._epoch_sampler, "epoch", None), skip, skip_after)
+        if how == KEEP_STATE:
+            self.progress.sampler_state = copy.deepcopy(foreign.state_dict())
         # torch draws a base seed as each iterator is made; a persistent
         # iterator's later epochs (``same_workers``) keep theirs, drawing
         # nothing: NOTE [ torch's global seed ] in rng.py.
@@ -134,6 +143,12 @@ class _BaseIter:
         else:
             self._indices, self._kernel_batch = index_stream(self._index_sampler,
                                                                 self._source.auto_collation)
+        if how == KEEP_ORDER and not start:
+            saved = (resume or {}).get("order")
+            if saved is not None:
+                self.progress.order, self._indices, self._kernel_batch = saved, iter(saved), False
+            else:
+                self._indices = self._keeping_order(self._indices)
         # Batches already handed out are skipped as indices only: nothing is
         # fetched.  Those handed out of order (in_order=False) beyond the first
         # ones are skipped as their turn comes (``_skips_next``).
@@ -151,6 +166,17 @@ class _BaseIter:
         self._kernel_batch = takes_kernel_batches(self._index_sampler,
                                                      self._source.auto_collation)
         self._indices = remainder_stream(self._split, start, self._kernel_batch)
+
+    def _keeping_order(self, stream: Iterator[Any]) -> Iterator[Any]:
+        """A foreign sampler's epoch, drawn whole at its first batch and kept for a
+        state (``resume.order_keeping``); drawn as the loader's generator draws
+        (``SeedSource.global_draws``)."""
+        with self._seed_source.global_draws():
+            order = [batch.tolist() if isinstance(batch, np.ndarray) else batch
+                     for batch in stream]
+        self._kernel_batch = False
+        self.progress.order = order
+        yield from order
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
         self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)
