@@ -12,23 +12,26 @@ which drop the iterator -- still says where the epoch stopped.
 
 A dataset's own state (torchdata's convention; the code is ``dataset_state.py``):
 a dataset, map-style or iterable, that defines ``state_dict()`` and
-``load_state_dict(state)`` is saved and restored through them, under the
-state's ``"dataset"`` key; an IterableDataset that does not define them
-cannot be resumed (TypeError naming the two methods), a map-style one resumes
-by its sampler alone, as before.
+``load_state_dict(state)`` is saved and restored through them, and so is the
+iterator an IterableDataset's ``__iter__`` returns, under the state's
+``"dataset"`` key; a stream with neither is replayed and skipped (with a
+warning); a map-style dataset without them resumes by its sampler alone.
+A sampler fastload does not own keeps its order through its own state, its
+generator, or the epoch's batches as drawn (``order_keeping``).
 
 * ``num_workers=0``: the dataset's state when the state is taken (the main
   process makes each batch when it is asked for, so that is the boundary the
   caller has seen), and whether its stream gave its last, short batch.
-* Workers: a worker snapshots its copy with each answer it sends; the main
-  process keeps per worker the snapshot of the last answer it handed out
-  (workers run ahead by the prefetch).  For an IterableDataset also the
+* Workers: a worker snapshots its copy with every ``snapshot_every_n_steps``-th
+  answer it sends; the main process keeps per worker the snapshot of the
+  last such answer it handed out and the batches that worker made since
+  (workers run ahead by the prefetch), which a resume replays.  For an IterableDataset also the
   round-robin's place: torch's, and fastload's, batching takes batch ``k``
   from the next worker in turn that is not exhausted, so the state keeps the
   worker after the last one handed out, the workers found exhausted, the
   next batch number and the count of batches handed out.
-* Resuming, ``iter()`` gives each copy its state before it makes a batch and
-  continues the turn from that worker: the rest of the epoch is the rest of
+* Resuming, ``iter()`` gives each copy its state (and replays) before it makes
+  a batch and continues the turn from that worker: the rest of the epoch is the rest of
   the uninterrupted run, batch for batch (``in_order=False``: each worker's
   stream continues exactly; their interleaving follows arrival, as in any
   such run; with a map-style dataset each copy resumes at the last batch of
@@ -42,8 +45,8 @@ by its sampler alone, as before.
   each worker reads its own stream of an IterableDataset (sharded by
   ``get_worker_info()``), and each copy of a map-style dataset has its own
   state.  A map-style state without a dataset part (taken before) still loads.
-* Seeds: as for map-style datasets, the resumed epoch draws the base seed the
-  epoch drew, so workers get the same ``get_worker_info().seed`` and seed
+* Seeds: as for map-style datasets, the resumed epoch replays the base seed the
+  epoch drew (between epochs, persistent workers' next one: ``next_base_seed``), so workers get the same ``get_worker_info().seed`` and seed
   numpy's and Python's generators with it once, at start; what a dataset drew
   from them before the cut is not replayed: keep such a generator in the
   dataset's state.  Persistent workers resumed in a later epoch are new
