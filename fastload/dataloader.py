@@ -37,8 +37,8 @@ from fastload.dataset import is_iterable_dataset
 from fastload.dataset_state import check_dataset_section, dataset_section, has_state, \
     needs_fresh_workers
 from fastload.elastic import distributed_split, rebase_to_split, record_split
-from fastload.resume import EpochProgress, check_state, epoch_sampler, kept_order_section, \
-    make_state, order_keeping, seed_streams, warn_if_order_unknown
+from fastload.kept_order import kept_order_section, order_keeping, warn_if_order_unknown
+from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, seed_streams
 from fastload._ring import SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler

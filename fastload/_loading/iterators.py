@@ -19,7 +19,8 @@ from fastload.collate import to_torch
 from fastload.dataset_state import MainSnapshot, is_stateful, load_dataset_state, \
     resume_stream, warn_of_replay
 from fastload.elastic import remainder_stream
-from fastload.resume import KEEP_ORDER, KEEP_STATE, EpochProgress
+from fastload.kept_order import KEEP_ORDER, KEEP_STATE
+from fastload.resume import EpochProgress
 from fastload.sampler import BatchSampler
 from fastload._loading.errors import IterArgumentError
 from fastload._loading.fetch import BatchSource

@@ -31,8 +31,8 @@ from fastload._loading.settings import LoaderSettings
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
-    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, batch_task, dataset_state_task, epoch_task, \
-    retire_task
+    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, batch_task, \
+    dataset_state_task, epoch_task, retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
 __all__ = ["_MultiProcessIter"]
