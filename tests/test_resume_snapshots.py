@@ -57,27 +57,15 @@ class StatelessDatasetStatefulIterator(fl.IterableDataset):
         return PositionIterator(worker_share(self.n))
 
 
-class OwnIterator(fl.IterableDataset):
+class OwnIterator(fl.IterableDataset, PositionIterator):
     """Its own iterator; ``__iter__`` sets its position, ``load_state_dict`` moves it."""
 
     def __init__(self, n=31):
         self.n = n
 
     def __iter__(self):
-        self.share, self.i = worker_share(self.n), 0
+        self.values, self.i = worker_share(self.n), 0
         return self
-
-    def __next__(self):
-        if self.i >= len(self.share):
-            raise StopIteration
-        self.i += 1
-        return self.share[self.i - 1]
-
-    def state_dict(self):
-        return {"i": self.i}
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
 
 
 def resumed_run(make, cut, **extra):
