@@ -34,11 +34,11 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import is_iterable_dataset
-from fastload.dataset_state import check_dataset_section, dataset_section, is_stateful, \
-    needs_fresh_workers, require_stateful
+from fastload.dataset_state import check_dataset_section, dataset_section, has_state, \
+    needs_fresh_workers
 from fastload.elastic import distributed_split, rebase_to_split, record_split
-from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, \
-    seed_streams, warn_if_order_unknown
+from fastload.kept_order import kept_order_section, order_keeping, warn_if_order_unknown
+from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, seed_streams
 from fastload._ring import SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -122,9 +122,16 @@ class DataLoader(Generic[_T_co]):
                  multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  in_order: bool = True, pin_memory_device: str = "",
-                 output: str = "numpy") -> None:
+                 output: str = "numpy", snapshot_every_n_steps: int = 1) -> None:
         num_workers, prefetch_factor = _checked_worker_options(
             num_workers, timeout, prefetch_factor, persistent_workers, output)
+        if not isinstance(snapshot_every_n_steps, numbers.Integral) \
+                or isinstance(snapshot_every_n_steps, bool) or snapshot_every_n_steps < 0:
+            raise ValueError(f"snapshot_every_n_steps should be an int >= 0 (how many batches "
+                             f"of a worker pass between the snapshots of its dataset copy it "
+                             f"sends; 0: only at the epoch's start), but got "
+                             f"snapshot_every_n_steps={snapshot_every_n_steps!r}")
+        self.snapshot_every_n_steps = int(snapshot_every_n_steps)
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -288,7 +295,7 @@ class DataLoader(Generic[_T_co]):
         warn_if_unsharded(self, stacklevel=2)  # every rank the same samples: say so, once
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is not None and not self._iterator.closed \
-                    and is_stateful(self.dataset) and needs_fresh_workers(self._pending_state):
+                    and has_state(self) and needs_fresh_workers(self._pending_state):
                 self._iterator.shutdown()  # its copies of the dataset have moved on
             if self._iterator is None or self._iterator.closed:
                 self._iterator = self._get_iterator()
@@ -332,10 +339,12 @@ class DataLoader(Generic[_T_co]):
             dataset=self.dataset, batch=batch, output=self.output, num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor, timeout=self.timeout, in_order=self.in_order,
             persistent_workers=self.persistent_workers,
+            snapshot_every_n_steps=self.snapshot_every_n_steps,
             multiprocessing_context=self.multiprocessing_context,
             worker_init_fn=self.worker_init_fn, seed_source=self._seed_source,
             rng_sources=tuple(self._rng_sources()), epoch_sampler=epoch_sampler(self),
-            index_sampler=self._index_sampler, split=distributed_split(self),
+            index_sampler=self._index_sampler, kept_order=order_keeping(self),
+            split=distributed_split(self),
             len_called=self._IterableDataset_len_called, pin_memory=pinning[0],
             pin_memory_device=pinning[1], spare_slots=self._spare_slots)
 
@@ -378,13 +387,18 @@ class DataLoader(Generic[_T_co]):
         worker's copy at the batches handed out (``dataset_state``); an
         IterableDataset that does not raises TypeError.
         """
-        if self._iterable:
-            require_stateful(self.dataset, "state_dict")
-        else:
+        if not self._iterable:
             warn_if_order_unknown(self)
         if self._pending_state is not None:
             return dict(self._pending_state)
-        state = make_state([s.get_state() for s in self._rng_sources()], self._progress, self)
+        state = make_state([s.pinned_state() for s in self._rng_sources()], self._progress, self)
+        state.update(kept_order_section(self._progress, self))
+        live = self._iterator is not None and not self._iterator.closed
+        if live and self._progress is not None and self._progress.finished:
+            # The next epoch runs on these persistent workers, drawing no base seed.
+            quiet = self._seed_source.quiet_preview()
+            if quiet is not None:
+                state["next_base_seed"] = quiet
         section = dataset_section(self, self._progress)
         if section is not None:
             state["dataset"] = section
@@ -400,8 +414,6 @@ class DataLoader(Generic[_T_co]):
         The state is checked now against this loader (its dataset length,
         batch size, samplers and generator): a mismatch is a ValueError naming it.
         """
-        if self._iterable:
-            require_stateful(self.dataset, "load_state_dict")
         checked = check_state(rebase_to_split(state, self), self, self._rng_sources())
         check_dataset_section(checked, self)
         self._pending_state = checked

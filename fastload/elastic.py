@@ -13,9 +13,10 @@ again only moves ``start`` on, so a state stays three integers
 (``"distributed"``: the world size and rank it was taken on, and ``start``)
 beside the loader's usual ones.
 
-The same world size and rank resume through the loader's usual path, exact
-to the batch; a suffix (``start > 0``) is then replayed and its handed batches
-skipped as an epoch's are.
+The same world size resumes through the loader's usual path, exact to the
+batch, on every rank from any one rank's state (all reached the same step, so
+each continues its own share, padding included); a suffix (``start > 0``) is
+then replayed and its handed batches skipped as an epoch's are.
 """
 
 from __future__ import annotations
@@ -139,6 +140,13 @@ def rebase_to_split(state: Any, loader: Any) -> Any:
     new_world, new_rank = int(split.sampler.num_replicas), int(split.sampler.rank)
     if (world, rank) == (new_world, new_rank):
         return state
+    if world == new_world and not state.get("yielded_after"):
+        # Every rank reached the same step: this rank continues its own share,
+        # padding included, as the uninterrupted run does (rank 0's state serves all).
+        rebased = dict(state)
+        rebased.update(distributed={"num_replicas": world, "rank": new_rank, "start": start},
+                       loader=_described_for(state.get("loader"), split))
+        return rebased
     if state.get("yielded_after"):
         raise ValueError(f"this state_dict was taken with batches {state['yielded_after']!r} "
                          f"handed out ahead of batch {state.get('batches_yielded')!r} "

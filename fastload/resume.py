@@ -12,23 +12,26 @@ which drop the iterator -- still says where the epoch stopped.
 
 A dataset's own state (torchdata's convention; the code is ``dataset_state.py``):
 a dataset, map-style or iterable, that defines ``state_dict()`` and
-``load_state_dict(state)`` is saved and restored through them, under the
-state's ``"dataset"`` key; an IterableDataset that does not define them
-cannot be resumed (TypeError naming the two methods), a map-style one resumes
-by its sampler alone, as before.
+``load_state_dict(state)`` is saved and restored through them, and so is the
+iterator an IterableDataset's ``__iter__`` returns, under the state's
+``"dataset"`` key; a stream with neither is replayed and skipped (with a
+warning); a map-style dataset without them resumes by its sampler alone.
+A sampler fastload does not own keeps its order through its own state, its
+generator, or the epoch's batches as drawn (``order_keeping``).
 
 * ``num_workers=0``: the dataset's state when the state is taken (the main
   process makes each batch when it is asked for, so that is the boundary the
   caller has seen), and whether its stream gave its last, short batch.
-* Workers: a worker snapshots its copy with each answer it sends; the main
-  process keeps per worker the snapshot of the last answer it handed out
-  (workers run ahead by the prefetch).  For an IterableDataset also the
+* Workers: a worker snapshots its copy with every ``snapshot_every_n_steps``-th
+  answer it sends; the main process keeps per worker the snapshot of the
+  last such answer it handed out and the batches that worker made since
+  (workers run ahead by the prefetch), which a resume replays.  For an IterableDataset also the
   round-robin's place: torch's, and fastload's, batching takes batch ``k``
   from the next worker in turn that is not exhausted, so the state keeps the
   worker after the last one handed out, the workers found exhausted, the
   next batch number and the count of batches handed out.
-* Resuming, ``iter()`` gives each copy its state before it makes a batch and
-  continues the turn from that worker: the rest of the epoch is the rest of
+* Resuming, ``iter()`` gives each copy its state (and replays) before it makes
+  a batch and continues the turn from that worker: the rest of the epoch is the rest of
   the uninterrupted run, batch for batch (``in_order=False``: each worker's
   stream continues exactly; their interleaving follows arrival, as in any
   such run; with a map-style dataset each copy resumes at the last batch of
@@ -42,8 +45,8 @@ by its sampler alone, as before.
   each worker reads its own stream of an IterableDataset (sharded by
   ``get_worker_info()``), and each copy of a map-style dataset has its own
   state.  A map-style state without a dataset part (taken before) still loads.
-* Seeds: as for map-style datasets, the resumed epoch draws the base seed the
-  epoch drew, so workers get the same ``get_worker_info().seed`` and seed
+* Seeds: as for map-style datasets, the resumed epoch replays the base seed the
+  epoch drew (between epochs, persistent workers' next one: ``next_base_seed``), so workers get the same ``get_worker_info().seed`` and seed
   numpy's and Python's generators with it once, at start; what a dataset drew
   from them before the cut is not replayed: keep such a generator in the
   dataset's state.  Persistent workers resumed in a later epoch are new
@@ -56,7 +59,6 @@ import copy
 import hashlib
 import numbers
 import sys
-import warnings
 from typing import Any
 
 import numpy as np
@@ -76,7 +78,7 @@ class EpochProgress:
     """
 
     __slots__ = ("rng_states", "sampler_epoch", "handed", "after", "finished", "datasets",
-                 "order_start")
+                 "order_start", "order", "sampler_state")
 
     def __init__(self, rng_states: list, sampler_epoch: Any, handed: int = 0,
                  after: frozenset = frozenset()) -> None:
@@ -90,6 +92,10 @@ class EpochProgress:
         # A DistributedSampler epoch resumed from elsewhere: where in the epoch's
         # order its suffix starts (fastload/elastic.py).
         self.order_start = 0
+        # A sampler fastload does not own (order_keeping): the epoch's batches as
+        # drawn, or its state_dict() at the epoch's start.
+        self.order: list | None = None
+        self.sampler_state: Any = None
         self._advance()
 
     def hand(self, batch_no: int) -> None:
@@ -271,6 +277,14 @@ def check_state(state: Any, loader: Any, sources: list) -> dict:
             or len(state["rng_states"]) != len(sources):
         raise ValueError("this state_dict comes from a DataLoader with other random samplers; "
                          "build the loader with the same arguments")
+    order = state.get("order")
+    if order is not None and not isinstance(order, list):
+        raise ValueError(f"DataLoader state_dict: 'order' must be the epoch's batches (a list), "
+                         f"got {type(order).__name__}")
+    quiet = state.get("next_base_seed")
+    if quiet is not None and not (_is_count(quiet) and quiet < 1 << 63):
+        raise ValueError(f"DataLoader state_dict: next_base_seed={quiet!r} must be a seed "
+                         f"(an int in [0, 2**63))")
     handed = state["batches_yielded"]
     after = state["yielded_after"]
     if not _is_count(handed) or not all(_is_count(b) and b > handed for b in after):
@@ -330,31 +344,6 @@ def _resumed_length(loader: Any, state: dict, sources: list) -> int | None:
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
-
-
-def warn_if_order_unknown(loader: Any) -> None:
-    """Warn (once per loader) when the sampler that decides the order is not one whose
-    order a state restores."""
-    if loader._warned_unknown_order:
-        return
-    # A plain BatchSampler only groups what its sampler yields: look through it.
-    chain = [obj for obj in sampler_chain(loader) if not _is_plain_batch_sampler(obj)]
-    if not chain:
-        return
-    source = chain[0]
-    # torch's DistributedSampler draws from its seed and epoch (a state keeps the epoch).
-    if type(source).__module__ in _OWN_SAMPLER_MODULES \
-            or _is_torch_class(source, "torch.utils.data.sampler", "SequentialSampler") \
-            or _is_torch_class(source, "torch.utils.data.distributed", "DistributedSampler") \
-            or torch_generator_of(source) is not None \
-            or isinstance(source, (range, list, tuple, np.ndarray)):
-        return
-    loader._warned_unknown_order = True
-    warnings.warn(f"DataLoader.state_dict: the order of {_type_name(source)} is not one "
-                  f"fastload can save; resuming replays it from the start of the epoch and "
-                  f"skips the batches already handed out, which is exact only if it yields "
-                  f"the same order again (seed it for each epoch, or use fastload's samplers)",
-                  stacklevel=3)
 
 
 def _is_plain_batch_sampler(obj: Any) -> bool:
@@ -456,6 +445,8 @@ class TorchGeneratorState:
 
     def get_state(self) -> tuple:
         return ("torch.Generator", self.generator.get_state())
+
+    pinned_state = get_state  # between epochs as within
 
     def set_state(self, state: tuple) -> None:
         if not (isinstance(state, tuple) and len(state) == 2 and state[0] == "torch.Generator"):

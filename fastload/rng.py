@@ -20,13 +20,15 @@ Two streams, kept apart on purpose:
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import copy
 import os
 import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -57,7 +59,30 @@ def _is_torch_generator(obj: Any) -> bool:
 # (a ``_DrawLog``); restoring it replays them, without touching the global
 # generator, then draws from that generator again.  A script that restores
 # ``torch.set_rng_state`` alongside the loader's state therefore continues as
-# an uninterrupted run would.
+# an uninterrupted run would.  A state taken between epochs holds the global
+# generator's state then (``pinned_state``, a ``_PIN`` string): the first draw
+# after restoring it draws from the global generator if it is in that state
+# again (the script restored it, or reseeded to it), else from a private
+# generator set to it, so the next epoch's order is the uninterrupted run's
+# either way, and the global generator is left alone.
+
+_PIN = "torch-rng:"  # a pinned state's entry: the global generator's state, base64
+
+
+def _pin_of(torch: Any, generator: Any) -> str:
+    return _PIN + base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+
+
+def _generator_of_pin(torch: Any, pin: str) -> Any:
+    """A new torch.Generator in the state a pin holds."""
+    generator = torch.Generator()
+    generator.set_state(torch.frombuffer(bytearray(base64.b64decode(pin[len(_PIN):])),
+                                         dtype=torch.uint8))
+    return generator
+
+
+def _is_pin(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(_PIN)
 
 
 class _DrawLog:
@@ -97,9 +122,12 @@ class _TorchDefaultDraws:
     """What a ``None`` source knows of its draws from torch's default generator
     (shared by the sources sharing its stream)."""
 
-    __slots__ = ("pending", "logs", "last", "pinned")
+    __slots__ = ("pending", "logs", "last", "pinned", "private")
 
     def __init__(self) -> None:
+        # A private torch.Generator drawn from instead of the global one, set by a
+        # pinned state the global generator no longer matches (NOTE above).
+        self.private: Any = None
         self.pending: deque = deque()  # values a restored state replays, in order
         self.logs: weakref.WeakSet = weakref.WeakSet()  # live states, recording each draw
         self.last: int | None = None  # the last seed drawn, which draw_quiet derives from
@@ -107,12 +135,33 @@ class _TorchDefaultDraws:
 
     def __getstate__(self) -> tuple:
         # The live records stay behind: they are this process's states.
-        return (list(self.pending), self.last, self.pinned)
+        private = None if self.private is None else self.private.get_state()
+        return (list(self.pending), self.last, self.pinned, private)
 
     def __setstate__(self, state: tuple) -> None:
-        pending, self.last, self.pinned = state
+        pending, self.last, self.pinned, private = state
         self.pending = deque(pending)
         self.logs = weakref.WeakSet()
+        self.private = None
+        if private is not None:
+            import torch  # a private generator was made, so torch is there
+
+            self.private = torch.Generator()
+            self.private.set_state(private)
+
+    def settle_pin(self, torch: Any) -> None:
+        """A pinned state at the head of the replays: draw from the global
+        generator if it is in that state, else from a private one set to it."""
+        if not (self.pending and _is_pin(self.pending[0])):
+            return
+        pin = self.pending.popleft()
+        self.private = None
+        if pin != _pin_of(torch, torch.default_generator):
+            self.private = _generator_of_pin(torch, pin)
+
+    def generator(self, torch: Any) -> Any:
+        """The generator this stream's next draw comes from."""
+        return torch.default_generator if self.private is None else self.private
 
     def record(self, value: Any, replayed: bool) -> None:
         for log in list(self.logs):
@@ -198,13 +247,16 @@ class SeedSource:
             self._last = int(torch.empty((), dtype=torch.int64).random_(generator=self._torch).item())
             return self._last
         draws = self._default
+        following = _torch_default_draws(self)
+        if following is not None:
+            following[1].settle_pin(following[0])
         if draws is not None and draws.pending:  # a restored state's (needs no torch)
             value = draws.last = int(draws.replayed(int))
             return value
-        following = _torch_default_draws(self)
         if following is not None:
             torch, draws = following
-            value = draws.last = int(torch.empty((), dtype=torch.int64).random_().item())
+            value = draws.last = int(torch.empty((), dtype=torch.int64).random_(
+                generator=draws.generator(torch)).item())
             draws.record(value, replayed=False)
             return value
         return int(self._numpy.integers(0, 1 << _SEED_BITS, dtype=np.int64))
@@ -221,6 +273,9 @@ class SeedSource:
             self._last = _derived_seed(self._last)
             return self._last
         draws = self._default
+        following = _torch_default_draws(self)
+        if following is not None:
+            following[1].settle_pin(following[0])
         if draws is None or not draws.pending and (
                 draws.last is None or _torch_default_draws(self) is None):
             # Not following torch, or nothing to derive from (a loader's first
@@ -259,6 +314,47 @@ class SeedSource:
             return op(torch, self._torch)
         return self.run_on_torch_default(op)
 
+    def quiet_preview(self) -> int | None:
+        """What ``draw_quiet()`` would give now, without giving it, for a ``None``
+        source following torch (a persistent iterator's next epoch); else None."""
+        draws = self._default
+        if draws is None or draws.pending or draws.last is None \
+                or _torch_default_draws(self) is None:
+            return None
+        mixed = np.random.SeedSequence([draws.last, 0x717569657421])  # as draw_quiet
+        return int(mixed.generate_state(1, np.uint64)[0]) >> (64 - _SEED_BITS)
+
+    def take_quiet(self, value: int) -> None:
+        """A resumed persistent epoch's base seed ``value`` (``quiet_preview``), as if
+        ``draw_quiet()`` had given it."""
+        draws = self._default
+        draws.record(value, replayed=False)
+        draws.last = value
+
+    @contextlib.contextmanager
+    def global_draws(self) -> Iterator[None]:
+        """Within: torch's global generator draws as this source does: from a
+        private generator a pinned state set (its state swapped in, then back,
+        the private one advanced), else from itself.  For a sampler of the
+        caller's that draws from the global generator, drawn whole at once."""
+        following = _torch_default_draws(self)
+        if following is None:
+            yield
+            return
+        torch, draws = following
+        draws.settle_pin(torch)
+        private = draws.private
+        if private is None:
+            yield
+            return
+        caller_state = torch.default_generator.get_state()
+        torch.default_generator.set_state(private.get_state())
+        try:
+            yield
+        finally:
+            private.set_state(torch.default_generator.get_state())
+            torch.default_generator.set_state(caller_state)
+
     def run_on_torch_default(self, op: Callable[[Any, Any], Any]) -> Any:
         """``op(torch, generator)`` on torch's default generator, when this is a
         ``None`` source and torch is imported; else None (nothing run).
@@ -272,14 +368,16 @@ class SeedSource:
         if following is None:
             return None
         torch, draws = following
+        draws.settle_pin(torch)
         if draws.pending:
             generator = torch.Generator()
             generator.set_state(torch.frombuffer(bytearray(draws.replayed(bytes)),
                                                  dtype=torch.uint8))
             return op(torch, generator)
+        generator = draws.generator(torch)
         if draws.logs:  # a state is being kept: it must replay this op
-            draws.record(torch.default_generator.get_state().numpy().tobytes(), replayed=False)
-        return op(torch, torch.default_generator)
+            draws.record(generator.get_state().numpy().tobytes(), replayed=False)
+        return op(torch, generator)
 
     def get_state(self) -> Any:
         """An opaque, picklable snapshot of the stream (a live record of the
@@ -293,6 +391,15 @@ class SeedSource:
             draws.logs.add(log)
             return ("torch.default_generator", log)
         return ("numpy", self._numpy.bit_generator.state)
+
+    def pinned_state(self) -> Any:
+        """A state taken between epochs: for a ``None`` source following torch,
+        the global generator's state now (NOTE [ torch's global seed ]); else ``get_state()``."""
+        following = _torch_default_draws(self)
+        if following is None or following[1].pending:
+            return self.get_state()
+        torch, draws = following
+        return ("torch.default_generator", (_pin_of(torch, draws.generator(torch)),))
 
     def set_state(self, state: Any) -> None:
         kind, value, *last = state
@@ -308,12 +415,18 @@ class SeedSource:
         elif kind == "torch.default_generator" and self._default is not None:
             values = value.values if isinstance(value, _DrawLog) else value
             if not isinstance(values, (list, tuple)) \
-                    or not all(_is_seed(v) or isinstance(v, bytes) for v in values):
+                    or not all(_is_seed(v) or isinstance(v, bytes) or _is_pin(v) for v in values):
                 raise ValueError(f"not a state of torch's default generator's draws: {value!r:.80}")
             self._default.pending = deque(int(v) if _is_seed(v) else v for v in values)
             self._default.pinned = False
+            self._default.private = None
         else:
             raise ValueError(f"cannot restore a {kind!r} generator state into this generator")
+
+
+def _one_seed(torch: Any, generator: Any) -> int:
+    """One seed drawn from a torch generator, as torch's loader draws its base seed."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 class _Lookahead:
@@ -329,13 +442,27 @@ class _Lookahead:
             self._copies[key] = make()
         return self._copies[key]
 
-    def _torch_draw(self, torch: Any, generator: Any) -> int:
+    def _twin(self, torch: Any, generator: Any) -> Any:
         def clone() -> Any:
             twin = torch.Generator(device=generator.device)
             twin.set_state(generator.get_state())
             return twin
-        twin = self._copy(("torch", id(generator)), clone)
-        return int(torch.empty((), dtype=torch.int64).random_(generator=twin).item())
+        return self._copy(("torch", id(generator)), clone)
+
+    def _default_twin(self, torch: Any, draws: "_TorchDefaultDraws", pending: deque) -> Any:
+        """The copy of the generator a ``None`` source following torch draws from
+        next: as ``settle_pin`` would choose, a pinned state at the head of the
+        replays taken off them first."""
+        chosen = ("stream", id(draws))
+        if pending and _is_pin(pending[0]):
+            pin = pending.popleft()
+            self._copies[chosen] = None if pin == _pin_of(torch, torch.default_generator) else pin
+        pin = self._copies.get(chosen, "as now")
+        if pin == "as now":
+            return self._twin(torch, draws.generator(torch))
+        if pin is None:
+            return self._twin(torch, torch.default_generator)
+        return self._copy(("pin", id(draws)), lambda: _generator_of_pin(torch, pin))
 
     def draw(self, source: SeedSource, quiet: bool = False) -> int | None:
         """``source.draw()`` (``draw_quiet()`` with ``quiet``) on the copies; None
@@ -345,18 +472,18 @@ class _Lookahead:
                 return None
             import torch  # only reachable when the caller passed a torch.Generator
 
-            return self._torch_draw(torch, source._torch)
+            return _one_seed(torch, self._twin(torch, source._torch))
         draws = source._default
         if draws is not None:
             pending = self._copy(("pending", id(draws)), lambda: deque(draws.pending))
             following = _torch_default_draws(source)
+            twin = None if following is None else self._default_twin(following[0], draws, pending)
             if pending:
                 return int(_fitting_replay(pending.popleft(), int))
             if quiet and draws.last is not None and following is not None:
                 return None
-            if following is not None:
-                torch, _ = following
-                return self._torch_draw(torch, torch.default_generator)
+            if twin is not None:
+                return _one_seed(following[0], twin)
         numpy_stream = self._copy(("numpy", id(source._numpy)),
                                   lambda: copy.deepcopy(source._numpy))
         return int(numpy_stream.integers(0, 1 << _SEED_BITS, dtype=np.int64))

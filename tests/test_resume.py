@@ -437,14 +437,12 @@ def test_a_torch_sampler_with_its_generator_resumes_exactly(torch):
 
 def test_a_sampler_whose_order_cannot_be_saved_is_warned_about():
     class OwnRandom(fl.Sampler):
+        # No state, no generator and no len(): its epoch cannot be drawn whole and kept.
         def __init__(self, n):
             self.n, self.rng = n, np.random.default_rng(0)
 
         def __iter__(self):
             return iter(self.rng.permutation(self.n).tolist())
-
-        def __len__(self):
-            return self.n
 
     loader = DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=2, sampler=OwnRandom(6))
     with pytest.warns(UserWarning, match="OwnRandom is not one fastload can save"):

@@ -252,14 +252,22 @@ def test_spawned_workers_take_their_state():
 
 
 @pytest.mark.parametrize("kwargs", LOADERS, ids=LOADER_IDS)
-def test_an_iterable_dataset_without_state_methods_raises_type_error(kwargs):
-    loader = DataLoader(PlainStream(), batch_size=2, **kwargs)
-    with pytest.raises(TypeError, match=r"PlainStream does not define state_dict\(\) and "
-                                        r"load_state_dict\(state\); define both"):
-        loader.state_dict()
-    state = stream_loader(**kwargs).state_dict()
-    with pytest.raises(TypeError, match="load_state_dict.*define both"):
-        loader.load_state_dict(state)
+def test_an_iterable_dataset_without_state_methods_is_replayed_with_one_warning(kwargs):
+    def make():
+        return DataLoader(PlainStream(), batch_size=2, **kwargs)
+
+    expected = [batch.tolist() for batch in make()]
+    iterator = iter(make_loader := make())
+    seen = [next(iterator).tolist() for _ in range(3)]
+    state = make_loader.state_dict()
+    del iterator
+    loader = make()
+    loader.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"reads 6 samples of PlainStream's stream again") \
+            as caught:
+        rest = [batch.tolist() for batch in loader]
+    assert len([w for w in caught if "again" in str(w.message)]) == 1
+    assert seen + rest == expected
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -156,6 +156,32 @@ class BatchSource:
         self._iterator = iter(self.dataset)
 
     @property
+    def stream(self) -> Any:
+        """The epoch's open iterator of an IterableDataset, or None."""
+        return self._iterator
+
+    @property
+    def base_seed(self) -> int:
+        return self._base_seed
+
+    def replay(self, batches: Any) -> None:
+        """Fetch batches again and drop them, to bring a copy where a state says it
+        was: a count of a stream's batches, or a map-style copy's index batches.
+        A batch that raised before raises again here and is dropped too."""
+        if self.iterable:
+            for _ in range(batches):
+                try:
+                    self._fetch(None, False)
+                except StopIteration:
+                    return
+            return
+        for indices in batches:
+            try:
+                self._fetch(indices, False)
+            except Exception:
+                pass
+
+    @property
     def stream_ended(self) -> bool:
         """An IterableDataset's stream gave its last batch: the next one is its end
         (a resume sets it, see ``dataset_state``)."""

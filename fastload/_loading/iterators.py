@@ -8,13 +8,18 @@ Both draw the epoch's index batches, seeds and resume skips the same way
 
 from __future__ import annotations
 
+import copy
 import itertools
 import warnings
 from typing import Any, Iterator, NoReturn
 
+import numpy as np
+
 from fastload.collate import to_torch
-from fastload.dataset_state import MainSnapshot, is_stateful, restore_copy
+from fastload.dataset_state import MainSnapshot, is_stateful, load_dataset_state, \
+    resume_stream, warn_of_replay
 from fastload.elastic import remainder_stream
+from fastload.kept_order import KEEP_ORDER, KEEP_STATE
 from fastload.resume import EpochProgress
 from fastload.sampler import BatchSampler
 from fastload._loading.errors import IterArgumentError
@@ -78,6 +83,7 @@ class _BaseIter:
         self._rng_sources = settings.rng_sources
         self._epoch_sampler = settings.epoch_sampler
         self._index_sampler = settings.index_sampler
+        self._kept_order = settings.kept_order
         self._split = settings.split
         self._len_called = settings.len_called
         self.progress = EpochProgress([], None)
@@ -108,12 +114,24 @@ class _BaseIter:
             if resume["sampler_epoch"] is not None and self._epoch_sampler is not None:
                 self._epoch_sampler.set_epoch(resume["sampler_epoch"])
             skip, skip_after = int(resume["batches_yielded"]), resume["yielded_after"]
+        how, foreign = self._kept_order
+        if how == KEEP_STATE and resume is not None and resume.get("sampler_state") is not None:
+            foreign.load_state_dict(copy.deepcopy(resume["sampler_state"]))
         self.progress = EpochProgress([s.get_state() for s in sources],
                                       getattr(self._epoch_sampler, "epoch", None), skip, skip_after)
+        if how == KEEP_STATE:
+            self.progress.sampler_state = copy.deepcopy(foreign.state_dict())
         # torch draws a base seed as each iterator is made; a persistent
         # iterator's later epochs (``same_workers``) keep theirs, drawing
         # nothing: NOTE [ torch's global seed ] in rng.py.
-        base_seed = self._seed_source.draw_quiet() if same_workers else self._seed_source.draw()
+        quiet = (resume or {}).get("next_base_seed")
+        if quiet is not None:  # a persistent iterator's next epoch, resumed (make_state)
+            self._seed_source.take_quiet(quiet)
+            base_seed = quiet
+        elif same_workers:
+            base_seed = self._seed_source.draw_quiet()
+        else:
+            base_seed = self._seed_source.draw()
         self._source.start_epoch(base_seed)
         start = (resume or {}).get("distributed", {}).get("start", 0)
         if start:
@@ -126,6 +144,12 @@ class _BaseIter:
         else:
             self._indices, self._kernel_batch = index_stream(self._index_sampler,
                                                                 self._source.auto_collation)
+        if how == KEEP_ORDER and not start:
+            saved = (resume or {}).get("order")
+            if saved is not None:
+                self.progress.order, self._indices, self._kernel_batch = saved, iter(saved), False
+            else:
+                self._indices = self._keeping_order(self._indices)
         # Batches already handed out are skipped as indices only: nothing is
         # fetched.  Those handed out of order (in_order=False) beyond the first
         # ones are skipped as their turn comes (``_skips_next``).
@@ -143,6 +167,17 @@ class _BaseIter:
         self._kernel_batch = takes_kernel_batches(self._index_sampler,
                                                      self._source.auto_collation)
         self._indices = remainder_stream(self._split, start, self._kernel_batch)
+
+    def _keeping_order(self, stream: Iterator[Any]) -> Iterator[Any]:
+        """A foreign sampler's epoch, drawn whole at its first batch and kept for a
+        state (``resume.order_keeping``); drawn as the loader's generator draws
+        (``SeedSource.global_draws``)."""
+        with self._seed_source.global_draws():
+            order = [batch.tolist() if isinstance(batch, np.ndarray) else batch
+                     for batch in stream]
+        self._kernel_batch = False
+        self.progress.order = order
+        yield from order
 
     def _indices_from_first_batch(self) -> Iterator[Any]:
         self.progress.sampler_epoch = getattr(self._epoch_sampler, "epoch", None)
@@ -203,13 +238,22 @@ class _SingleProcessIter(_BaseIter):
                 f"itself; set timeout=0 (torch: _SingleProcessDataLoaderIter requires "
                 f"timeout == 0)")
         super().__init__(settings)
-        self._begin_epoch(resume, lazy=True)
         section = resume.get("dataset") if resume is not None else None
+        snap = section["main"] if section is not None else None
+        # The dataset's state was taken before the epoch drew its base seed: a
+        # dataset whose state is torch's generator sets it back before the draw.
+        load_dataset_state(self._dataset, snap)
+        self._begin_epoch(resume, lazy=True)
         if section is not None:
-            restore_copy(self._dataset, self._source, section["main"])
-        if is_stateful(self._dataset):
+            replay = section.get("replay", 0)
+            if replay:
+                samples = replay * (settings.batch.batch_size or 1)
+                warn_of_replay(self._dataset, samples, stacklevel=5)  # iter(loader)
+            resume_stream(self._source, snap, replay, section.get("next_epoch", False))
+        if self._source.iterable or is_stateful(self._dataset):
             self.progress.datasets = MainSnapshot(self._source)
-        if self._source.iterable and not self._source.stream_ended:
+        if self._source.iterable and not self._source.stream_ended \
+                and self._source.stream is None:
             # As torch: the dataset's iter() runs now, so its errors (even a
             # StopIteration) come out of iter(loader).  (A worker's runs at its first batch.)
             self._source.open_stream()

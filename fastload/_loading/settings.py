@@ -39,12 +39,14 @@ class LoaderSettings:
     timeout: float
     in_order: bool
     persistent_workers: bool
+    snapshot_every_n_steps: int        # a worker sends its dataset copy's state every n of its batches
     multiprocessing_context: Any       # None: multiprocessing's default
     worker_init_fn: Callable[[int], None] | None
     seed_source: Any                   # the loader's SeedSource: an epoch's base seed
     rng_sources: tuple                 # every seed stream an epoch draws from (resume.seed_streams)
     epoch_sampler: Any                 # the sampler whose set_epoch shapes the epoch, or None
     index_sampler: Any                 # the batch sampler, or the sampler without auto-collation
+    kept_order: tuple                  # (how, sampler): a foreign sampler's order (resume.order_keeping)
     split: Any                         # the DistributedSampler split (elastic.distributed_split)
     len_called: int | None             # len(loader) of an IterableDataset, as last asked
     pin_memory: bool                   # whether batches are pinned (NOTE [ Where batches are pinned ])

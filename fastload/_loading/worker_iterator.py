@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from fastload.dataset_state import WorkerSnapshots, is_stateful
+from fastload.dataset_state import WorkerSnapshots, is_stateful, warn_of_replay
 from fastload._ring import Ring, near_open_file_limit, too_many_open_files
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
@@ -31,8 +31,8 @@ from fastload._loading.settings import LoaderSettings
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
-    SLOT_ID, SNAPSHOT, START_FAILED, STREAM_ENDED, batch_task, dataset_state_task, epoch_task, \
-    retire_task
+    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, batch_task, \
+    dataset_state_task, epoch_task, retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
 __all__ = ["_MultiProcessIter"]
@@ -105,6 +105,8 @@ class _MultiProcessIter(_BaseIter):
         self._timeout = settings.timeout if settings.timeout > 0 else None
         self._in_order = settings.in_order
         self._persistent = settings.persistent_workers
+        self._snapshot_every = settings.snapshot_every_n_steps
+        self._batch_size = settings.batch.batch_size
         # New workers every epoch, forked: they can write into the slots the
         # last epoch left, through the mappings they inherit.
         self._spares = settings.spare_slots if method == "fork" and not self._persistent else None
@@ -137,7 +139,7 @@ class _MultiProcessIter(_BaseIter):
     # -- epochs --------------------------------------------------------------
 
     def _start_dispatch(self, base_seed: int) -> None:
-        self._pool.broadcast(epoch_task(base_seed))
+        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every))
         self._tasks.clear()
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
@@ -151,36 +153,46 @@ class _MultiProcessIter(_BaseIter):
             self._dispatch()
 
     def _begin_epoch(self, resume: dict | None, **how: Any) -> int:
-        """The base's, and the dataset copies' snapshots for this epoch (a
-        dataset with ``state_dict``: see ``dataset_state``)."""
+        """The base's, and the dataset copies' snapshots for this epoch (an
+        IterableDataset, or a map-style one with ``state_dict``: see ``dataset_state``)."""
         base_seed = super()._begin_epoch(resume, **how)
         self._dataset_resume = resume.get("dataset") if resume is not None else None
         self._snapshots: WorkerSnapshots | None = None
-        if is_stateful(self._dataset):
-            if self._dataset_resume is not None:
-                self._snapshots = WorkerSnapshots(self._dataset_resume["workers"],
-                                                  self._dataset_resume)
+        if self._iterable or is_stateful(self._dataset):
+            section = self._dataset_resume
+            if section is not None:
+                self._snapshots = WorkerSnapshots(section["workers"], section, self._iterable,
+                                                  section.get("replays"))
             else:  # persistent workers' copies carry their state into the next epoch
                 previous = getattr(self, "_carried", None)
-                self._snapshots = WorkerSnapshots.next_epoch(previous or [None] * self._num_workers)
-            self._carried = self._snapshots.workers
+                self._snapshots = WorkerSnapshots.next_epoch(
+                    previous.workers if previous else [None] * self._num_workers,
+                    previous.replays if previous else None, self._iterable)
+            self._carried = self._snapshots
             self.progress.datasets = self._snapshots
         return base_seed
 
     def _resume_datasets(self) -> None:
-        """Resuming: each worker's copy takes its state before its first task, and
-        an IterableDataset's round-robin goes on from the worker after the last
-        one handed out, the exhausted ones skipped."""
+        """Resuming: each worker's copy takes its state (and replays what it made
+        since) before its first task, and an IterableDataset's round-robin goes on
+        from the worker after the last one handed out, the exhausted ones skipped."""
         section, self._dataset_resume = self._dataset_resume, None
         if section is None:
             return
-        for worker, snap in enumerate(section["workers"]):
-            if snap is not None:
-                self._pool.send(worker, dataset_state_task(snap),
+        replays = section.get("replays") or [0 if self._iterable else []] * self._num_workers
+        next_epoch = bool(section.get("next_epoch", False))
+        for worker, (snap, replay) in enumerate(zip(section["workers"], replays)):
+            if snap is not None or replay:
+                self._pool.send(worker, dataset_state_task(snap, replay, next_epoch),
                                 may_hold_tensors="torch" in sys.modules)
-                if snap["ended"] and self._iterable:
-                    self._active[worker] = False
+            if snap is not None and snap["ended"] and self._iterable:
+                self._active[worker] = False
         if self._iterable:
+            replayed = sum(replays)
+            if replayed and not is_stateful(self._dataset) \
+                    and all(snap is None for snap in section["workers"]):
+                # iter(loader): DataLoader.__iter__, _get_iterator, __init__, _start_dispatch.
+                warn_of_replay(self._dataset, replayed * (self._batch_size or 1), stacklevel=7)
             for worker in section["exhausted"]:
                 self._active[worker] = False
             self._rotation = section["next_worker"]
@@ -192,11 +204,14 @@ class _MultiProcessIter(_BaseIter):
         self._len_called = len_called
         with self._worker_death_raises():
             self._drain()
+            self._refresh_snapshots()
             base_seed = self._begin_epoch(resume, same_workers=True)
             self._start_dispatch(base_seed)
 
     def _drain(self) -> None:
         """Collect the answers of an abandoned epoch, so its slots come back."""
+        worker_of = {batch_no: worker for batch_no, (worker, _) in
+                     [*self._replies.items(), *self._tasks.items()]}
         for _, reply in self._replies.values():
             self._ring.release(reply[SLOT_ID])
         self._replies.clear()
@@ -205,7 +220,34 @@ class _MultiProcessIter(_BaseIter):
             self._tasks.pop(reply[BATCH_NO], None)
             self._ring.release(reply[SLOT_ID])
         if self._snapshots is not None:
-            self._snapshots.absorb_unhanded()
+            self._snapshots.absorb_unhanded(worker_of)
+
+    def _refresh_snapshots(self) -> None:
+        """Persistent workers, between epochs: a worker whose last snapshot is older
+        than its last batch (``snapshot_every_n_steps``) sends one now, so a state of
+        the next epoch's start holds its copy as it is (batches of a past epoch
+        cannot be replayed: its seeds are gone)."""
+        snapshots = self._snapshots
+        if snapshots is None:
+            return
+        stale = [w for w, replay in enumerate(snapshots.replays) if replay]
+        for worker in stale:
+            self._pool.send(worker, SNAPSHOT_REQUEST)
+        for worker in stale:
+            while True:
+                got = self._pool.receive(self._timeout, worker)
+                if got is None:
+                    self._pool.exit_grace = 0.0
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds "
+                                       f"waiting for worker {worker}'s dataset state_dict()")
+                kind, payload = got[1][0], got[1][4]
+                if kind == START_FAILED:
+                    self.shutdown()
+                    payload.reraise()
+                if kind == SNAPSHOT_TAKEN:
+                    break
+            snapshots.workers[worker] = payload
+            snapshots.replays[worker] = 0 if self._iterable else []
 
     # -- tasks ---------------------------------------------------------------
 
@@ -253,6 +295,8 @@ class _MultiProcessIter(_BaseIter):
         self._next_batch_no += 1
         self._tasks[batch_no] = (worker, slot.slot_id)
         self._load[worker] += 1
+        if self._snapshots is not None and not self._iterable and self._snapshot_every != 1:
+            self._snapshots.sent(batch_no, indices)  # to replay it, until a snapshot covers it
         # Plain tuples and raw bytes pickle far faster than a tuple subclass
         # and an ndarray: this is on the per-batch path of both processes.
         # Only our kernel's batches travel as bytes (and become lists of keys);
@@ -276,7 +320,7 @@ class _MultiProcessIter(_BaseIter):
         worker, reply = got
         if len(reply) > SNAPSHOT:  # the snapshot of a dataset with state_dict (dataset_state)
             if self._snapshots is not None:
-                self._snapshots.arrive(worker, reply[BATCH_NO], reply[SNAPSHOT])
+                self._snapshots.arrive(reply[BATCH_NO], reply[SNAPSHOT])
             reply = reply[:SNAPSHOT]
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
@@ -395,6 +439,8 @@ class _MultiProcessIter(_BaseIter):
         return None
 
     def _end_epoch(self) -> None:
+        if self._persistent:
+            self._refresh_snapshots()  # every task is answered: the copies are idle
         self.epoch_finished = True
         if not self._persistent:
             if self._spares is not None:

@@ -29,8 +29,8 @@ from fastload._loading.parent_watch import LIVENESS_INTERVAL, ORPHAN_GRACE, Pare
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._loading.wire.layouts import LayoutSender
 from fastload._loading.wire.messages import BATCH, BATCH_NO, CREATED, EPOCH, INDIRECT, KIND, \
-    RESEND_LAYOUTS, RETIRE, SLOT_ID, STOP, STOP_BYTES, batch_reply, \
-    failed_reply, start_failed_reply, stream_ended_reply, with_snapshot
+    RESEND_LAYOUTS, RETIRE, SLOT_ID, SNAPSHOT_REQUEST, STOP, STOP_BYTES, batch_reply, \
+    failed_reply, snapshot_reply, start_failed_reply, stream_ended_reply, with_snapshot
 from fastload._loading.wire.payload import PickledPayload, unpickle_payload
 from fastload._loading.worker_info import start_as_worker
 
@@ -240,7 +240,8 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
         source = BatchSource(dataset, batch_settings)
-        stateful = is_stateful(dataset)  # then each answer carries its snapshot
+        # A stream's copy (or its iterator) may have state; a map-style one has its own or none.
+        stateful = batch_settings.iterable or is_stateful(dataset)
     except Exception:
         # The main process re-raises it and stops the pool.
         return not pipes.send(start_failed_reply(ExceptionWrapper(where)))
@@ -251,7 +252,8 @@ def _serve(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
 class _Worker:
     """A started worker: its dataset, batch source, slot writer and layout numbering."""
 
-    __slots__ = ("dataset", "source", "where", "writer", "layouts", "pipes", "stateful")
+    __slots__ = ("dataset", "source", "where", "writer", "layouts", "pipes", "stateful",
+                 "snapshot_every", "made")
 
     def __init__(self, dataset: Any, source: BatchSource, stateful: bool, where: str,
                  writer: SlotWriter, pipes: _Pipes) -> None:
@@ -262,6 +264,8 @@ class _Worker:
         self.layouts = LayoutSender()
         self.pipes = pipes
         self.stateful = stateful
+        self.snapshot_every = 1
+        self.made = 0  # batches made this epoch, for the snapshots' cadence
 
     def answer_tasks(self) -> bool:
         """Until told to stop (False) or the main process is gone (True)."""
@@ -293,13 +297,22 @@ class _Worker:
         kind = message[KIND]
         if kind == EPOCH:
             self.source.start_epoch(message[1])
+            self.snapshot_every, self.made = message[2], 0
         elif kind == RETIRE:
             self.writer.forget(message[1], message[2])
         elif kind == RESEND_LAYOUTS[KIND]:
             self.layouts = LayoutSender()
+        elif kind == SNAPSHOT_REQUEST[KIND]:
+            try:
+                reply = snapshot_reply(snapshot(self.dataset, self.source,
+                                                self.source.stream_ended))
+            except Exception:
+                reply = start_failed_reply(ExceptionWrapper(
+                    f"{self.where} (taking the dataset's state_dict() at the epoch's end)"))
+            return self.pipes.send(reply)
         else:  # DATASET_STATE
             try:
-                restore_copy(self.dataset, self.source, message[1])
+                restore_copy(self.dataset, self.source, *message[1:])
             except Exception:
                 # As a worker that could not start: the main process re-raises it.
                 error = ExceptionWrapper(f"{self.where} (loading the dataset's state_dict)")
@@ -339,9 +352,13 @@ class _Worker:
                 # e.g. a non-array leaf of the batch that cannot be pickled
                 reply = failed_reply(batch_no, slot_id, created, ExceptionWrapper(
                     f"{where} (sending the batch to the main process)"))
-        if self.stateful:
+        self.made += 1
+        every = self.snapshot_every
+        if self.stateful and (layout is None and error is None or every and self.made % every == 0):
             try:
-                reply = with_snapshot(reply, snapshot(self.dataset, self.source.stream_ended))
+                snap = snapshot(self.dataset, self.source, self.source.stream_ended)
+                if snap is not None:
+                    reply = with_snapshot(reply, snap)
             except Exception:
                 reply = failed_reply(batch_no, slot_id, created, ExceptionWrapper(
                     f"{where} (taking the dataset's state_dict() after batch {batch_no})"))

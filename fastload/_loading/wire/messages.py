@@ -9,8 +9,10 @@ than a tuple subclass, on the per-batch path of both processes.
 
 Tasks, main process -> worker (field 0 is the kind):
 
-* ``epoch_task(base_seed)``: a new epoch starts (new transform seeds, an
-  IterableDataset starts over);
+* ``epoch_task(base_seed, snapshot_every)``: a new epoch starts (new
+  transform seeds, an IterableDataset starts over); a dataset copy with
+  state is snapshotted with every ``snapshot_every``-th batch (0: never)
+  and with its stream's end;
 * ``batch_task(batch_no, slot, kernel_batch, indices)``: make batch
   ``batch_no`` in ``slot`` (a ``SlotInfo`` as a tuple).  ``kernel_batch``:
   ``indices`` is the bytes of our BatchSampler kernel's int64 array (the
@@ -20,9 +22,14 @@ Tasks, main process -> worker (field 0 is the kind):
   segment; unmap it;
 * ``RESEND_LAYOUTS``: the main process lost a layout; number them afresh
   (``layouts.py``);
-* ``dataset_state_task(snapshot)``: resuming, before the epoch's first
-  batch: load it into this worker's copy of the dataset
+* ``dataset_state_task(snapshot, replay, next_epoch)``: resuming, before
+  the epoch's first batch: load it into this worker's copy of the dataset
+  (None: the copy has no state), make the batches ``replay`` names again
+  and drop them, and with ``next_epoch`` leave the stream to start over
   (``fastload/dataset_state.py``);
+* ``SNAPSHOT_REQUEST``: answer with a snapshot of this worker's copy now
+  (``SNAPSHOT_TAKEN``): at the end of a persistent worker's epoch, when its
+  last snapshot is older than its last batch;
 * ``indirect_task(name, size)``: the real task waits in a shared-memory
   segment, being too large for its share of the pipe (``pool.py``);
 * ``STOP`` (``None``, sent as ``STOP_BYTES``): exit, without making the
@@ -32,13 +39,14 @@ Tasks, main process -> worker (field 0 is the kind):
 Replies, worker -> main process: ``(kind, batch_no, slot_id, created,
 payload)``, where ``created`` names the segment the worker created for the
 slot (or None; the main process adopts it, also for a failed batch), and,
-for a dataset with ``state_dict``, a sixth field ``SNAPSHOT``: the worker's
-copy's state after the batch (``dataset_state``).  The kinds:
+when it is time for one (``epoch_task``), a sixth field ``SNAPSHOT``: the
+worker's copy's state after the batch (``dataset_state``).  The kinds:
 
 * ``BATCH_MADE``: ``payload`` is the batch's layout, encoded by
   ``layouts.LayoutSender`` (a layout travels once per worker, then by number);
 * ``STREAM_ENDED``: the worker's IterableDataset replica is exhausted;
 * ``BATCH_FAILED``: ``payload`` is the error (``errors.ExceptionWrapper``);
+* ``SNAPSHOT_TAKEN``: ``payload`` is the snapshot ``SNAPSHOT_REQUEST`` asked for;
 * ``START_FAILED``: the worker could not start (``worker_init_fn``,
   unpickling its payload) or load a dataset state; ``payload`` is the error.
 """
@@ -49,6 +57,7 @@ import pickle
 from typing import Any
 
 __all__ = ["EPOCH", "BATCH", "RETIRE", "RESEND_LAYOUTS", "DATASET_STATE", "INDIRECT", "STOP",
+           "SNAPSHOT_REQUEST", "SNAPSHOT_TAKEN", "snapshot_reply",
            "STOP_BYTES", "epoch_task", "batch_task", "retire_task", "dataset_state_task",
            "indirect_task", "BATCH_MADE", "STREAM_ENDED", "BATCH_FAILED", "START_FAILED",
            "KIND", "BATCH_NO", "SLOT_ID", "CREATED", "PAYLOAD", "SNAPSHOT", "batch_reply",
@@ -66,12 +75,13 @@ INDIRECT = "indirect"
 # still refer to the old numbers; those the main process has stay valid,
 # since a worker's answers arrive in the order it sends them.
 RESEND_LAYOUTS = ("resend_layouts",)
+SNAPSHOT_REQUEST = ("snapshot",)
 STOP = None
 STOP_BYTES = pickle.dumps(STOP)  # as the main process sends it, and a worker looks for it
 
 
-def epoch_task(base_seed: int) -> tuple:
-    return (EPOCH, base_seed)
+def epoch_task(base_seed: int, snapshot_every: int) -> tuple:
+    return (EPOCH, base_seed, snapshot_every)
 
 
 def batch_task(batch_no: int, slot: tuple, kernel_batch: bool, indices: Any) -> tuple:
@@ -82,8 +92,8 @@ def retire_task(slot_id: int, name: str) -> tuple:
     return (RETIRE, slot_id, name)
 
 
-def dataset_state_task(snapshot: dict) -> tuple:
-    return (DATASET_STATE, snapshot)
+def dataset_state_task(snapshot: dict | None, replay: Any, next_epoch: bool) -> tuple:
+    return (DATASET_STATE, snapshot, replay, next_epoch)
 
 
 def indirect_task(name: str, size: int) -> tuple:
@@ -96,6 +106,7 @@ BATCH_MADE = "batch"
 STREAM_ENDED = "end"
 BATCH_FAILED = "error"
 START_FAILED = "init_error"
+SNAPSHOT_TAKEN = "snapshot"
 
 # A reply's fields.
 KIND, BATCH_NO, SLOT_ID, CREATED, PAYLOAD, SNAPSHOT = range(6)
@@ -111,6 +122,10 @@ def stream_ended_reply(batch_no: int, slot_id: int, created: str | None) -> tupl
 
 def failed_reply(batch_no: int, slot_id: int, created: str | None, error: Any) -> tuple:
     return (BATCH_FAILED, batch_no, slot_id, created, error)
+
+
+def snapshot_reply(snapshot: dict | None) -> tuple:
+    return (SNAPSHOT_TAKEN, -1, -1, None, snapshot)
 
 
 def start_failed_reply(error: Any) -> tuple:
