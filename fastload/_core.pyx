@@ -10,6 +10,8 @@ own, but built as one extension module so the kernels share a single import:
   draws); ``_weighted.pxi``, after it: weighted draws (alias tables).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
   collate-into-buffer copies.
+* ``_chunks.pxi``: the same gather over a column held in several arrays
+  (an Arrow column's record batches).
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
   (the image pipeline's hot loop).
 * ``_resample_packed.pxi``: Pillow's whole resize from packed pixels in place
@@ -34,6 +36,7 @@ include "_kernels/_shared.pxi"
 include "_kernels/_random.pxi"
 include "_kernels/_weighted.pxi"
 include "_kernels/_copy.pxi"
+include "_kernels/_chunks.pxi"
 include "_kernels/_pad.pxi"
 include "_kernels/_buckets.pxi"
 include "_kernels/_resample.pxi"

@@ -13,6 +13,10 @@ to make a batch:
   or on ``Subset``s of it, returns a ``WholeBatch`` (the columns' dtypes and
   shapes, and a ``fill`` that writes them into the destination buffer) or
   None, when this batch must be made sample by sample;
+* a Hugging Face ``datasets.Dataset`` whose format allows it (numpy or
+  torch, fixed-width numeric columns, no transform): gathered the same way,
+  column by column from its memory-mapped Arrow buffers
+  (``fastload.sources.hugging_face``);
 * the default collate: samples are fetched (``__getitems__`` when the dataset
   has it) and the ``_core`` kernels copy them into the buffer;
 * any other ``collate_fn``: its output is packed into the buffer as it is.
@@ -31,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload import _core
-from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNode, collate_into,
+from fastload.collate import (BatchLayout, ArraySlot, MappingNode, PlannedLayouts, SequenceNode, collate_into,
                               default_collate, fn_map_is_pristine, is_string_or_object_dtype,
                               pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
@@ -71,9 +75,23 @@ def _array_columns(found: tuple[Any, np.ndarray | None] | None
 
 def _self_gathering(found: tuple[Any, np.ndarray | None] | None
                     ) -> tuple[Any, np.ndarray | None] | None:
-    if found is None or not callable(getattr(found[0], "_fastload_batch", None)):
+    if found is None:
+        return None
+    if _is_hugging_face_dataset(found[0]):
+        # Imported only for a dataset of the `datasets` package (already imported, then).
+        from fastload.sources.hugging_face import ArrowColumnBatches
+
+        batches = ArrowColumnBatches.of(found[0])
+        return None if batches is None else (batches, found[1])
+    if not callable(getattr(found[0], "_fastload_batch", None)):
         return None
     return found
+
+
+def _is_hugging_face_dataset(dataset: Any) -> bool:
+    """A ``datasets.Dataset`` (or a subclass), told without importing ``datasets``."""
+    return any(cls.__module__.partition(".")[0] == "datasets" and cls.__name__ == "Dataset"
+               for cls in type(dataset).__mro__)
 
 
 def _under_subsets(dataset: Any) -> tuple[Any, np.ndarray | None] | None:
@@ -222,14 +240,18 @@ class BatchSource:
         batch = dataset._fastload_batch(np.ascontiguousarray(rows))
         if batch is None:
             return None
-        key = batch.columns
+        key = (batch.columns, batch.keys, batch.tensors)
         layout = self._array_layouts.get(key)
         if layout is None:  # kept as _gather_arrays keeps its layouts
             if len(self._array_layouts) >= _KEPT_ARRAY_LAYOUTS:
                 self._array_layouts.clear()
-            layout = BatchLayout(SequenceNode(None, [ArraySlot(dtype, shape)
-                                                     for dtype, shape in batch.columns]))
+            slots = [ArraySlot(dtype, shape) for dtype, shape in batch.columns]
+            root = SequenceNode(None, slots) if batch.keys is None \
+                else MappingNode(dict.fromkeys(batch.keys), slots)
+            layout = BatchLayout(root)
             layout.assign_offsets()
+            if batch.tensors:
+                layout.as_torch()
             self._array_layouts[key] = layout
         buffer = allocate(layout.nbytes)
         batch.fill([slot.view(buffer) for slot in layout.root.children])

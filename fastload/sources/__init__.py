@@ -1,0 +1,7 @@
+"""Data where users keep it: Arrow and Parquet files, WebDataset tar shards.
+
+An optional part of fastload (``pip install fastload[sources]``: pyarrow,
+datasets, fsspec); ``import fastload`` never imports it.  The DataLoader
+imports ``fastload.sources.hugging_face`` only when given a Hugging Face
+``datasets.Dataset``.
+"""

@@ -1,0 +1,65 @@
+"""Fixed-width columns of an Arrow table, as rows the gather kernel reads in place.
+
+A column whose every row has the same shape (a number; a fixed-size list; a
+list whose rows all have the same length, as ``datasets`` stores a 2-D numpy
+array) and no nulls is a sequence of record-batch chunks, each a contiguous
+``(rows, *row_shape)`` block of one dtype.  ``fixed_width_rows`` views each
+chunk's buffer as a numpy array without copying (a memory-mapped file stays
+memory-mapped) and hands them to ``_core.ChunkedRows``, which gathers a
+batch's rows from all chunks in one call.  Anything else (strings, nulls,
+ragged lists, structs) answers None: those columns are read row by row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from fastload import _core
+
+__all__ = ["fixed_width_rows", "chunk_rows"]
+
+
+def fixed_width_rows(column: pa.ChunkedArray) -> _core.ChunkedRows | None:
+    """The column's chunks as one gatherable ``ChunkedRows``, or None when a chunk
+    is not fixed-width (or the rows' shapes differ between chunks)."""
+    views = []
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        view = chunk_rows(chunk)
+        if view is None or (views and (view.shape[1:] != views[0].shape[1:]
+                                       or view.dtype != views[0].dtype)):
+            return None
+        views.append(view)
+    if not views:
+        return None
+    return _core.ChunkedRows(views, views[0].dtype, views[0].shape[1:])
+
+
+def chunk_rows(chunk: pa.Array) -> np.ndarray | None:
+    """``chunk`` as a ``(len(chunk), *row_shape)`` array over its own buffer
+    (a bool chunk, bit-packed in Arrow, is unpacked once), or None."""
+    if chunk.null_count:
+        return None
+    kind = chunk.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return chunk.to_numpy(zero_copy_only=True)
+    if pa.types.is_boolean(kind):
+        return chunk.to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(kind):
+        width = kind.list_size
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        widths = np.diff(chunk.offsets.to_numpy())
+        if widths.size == 0 or (widths != widths[0]).any():
+            return None
+        width = int(widths[0])
+    else:
+        return None
+    if width == 0:
+        return None
+    # flatten() keeps a sliced chunk's offset: the values of exactly these rows.
+    inner = chunk_rows(chunk.flatten())
+    if inner is None or inner.shape[0] != len(chunk) * width:
+        return None
+    return inner.reshape((len(chunk), width) + inner.shape[1:])
