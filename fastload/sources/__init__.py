@@ -5,3 +5,8 @@ datasets, fsspec); ``import fastload`` never imports it.  The DataLoader
 imports ``fastload.sources.hugging_face`` only when given a Hugging Face
 ``datasets.Dataset``.
 """
+
+from fastload.sources.arrow import ArrowDataset
+from fastload.sources.parquet import ParquetDataset
+
+__all__ = ["ArrowDataset", "ParquetDataset"]

@@ -12,12 +12,14 @@ ragged lists, structs) answers None: those columns are read row by row.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
 from fastload import _core
 
-__all__ = ["fixed_width_rows", "chunk_rows"]
+__all__ = ["fixed_width_rows", "chunk_rows", "row_value"]
 
 
 def fixed_width_rows(column: pa.ChunkedArray) -> _core.ChunkedRows | None:
@@ -63,3 +65,22 @@ def chunk_rows(chunk: pa.Array) -> np.ndarray | None:
     if inner is None or inner.shape[0] != len(chunk) * width:
         return None
     return inner.reshape((len(chunk), width) + inner.shape[1:])
+
+
+def row_value(column: pa.ChunkedArray, fixed: _core.ChunkedRows | None, index: int) -> Any:
+    """Row ``index`` of ``column`` as a sample holds it: a numpy scalar or array
+    for a fixed-width column (what its batches gather), a numpy array for a
+    list of numbers without nulls (ragged token ids: ``pad_collate`` pads
+    them), else Arrow's Python value (strings, nulls, structs)."""
+    if fixed is not None:
+        out = np.empty((1,) + fixed.row_shape, fixed.dtype)
+        return fixed.gather(np.array([index], dtype=np.int64), out)[0]
+    scalar = column[index]
+    kind = column.type
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            or pa.types.is_fixed_size_list(kind)) and scalar.is_valid:
+        values = scalar.values
+        if (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)) \
+                and not values.null_count:
+            return values.to_numpy(zero_copy_only=False)
+    return scalar.as_py()
