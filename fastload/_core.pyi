@@ -163,3 +163,17 @@ class ChunkedRows:
     def __len__(self) -> int: ...
     def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """``out[i]`` = global row ``rows[i]``; IndexError naming a row out of range."""
+
+class RaggedRows:
+    """Rows of differing lengths in several chunks, padded into a batch."""
+    values: tuple[npt.NDArray[Any], ...]
+    offsets: tuple[npt.NDArray[np.int64], ...]
+    dtype: np.dtype[Any]
+    item_shape: tuple[int, ...]
+    length: int
+    def __init__(self, values: Any, offsets: Any, dtype: Any, item_shape: tuple[int, ...]) -> None: ...
+    def __len__(self) -> int: ...
+    def lengths(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]: ...
+    def gather_padded(self, rows: npt.NDArray[np.int64], out: npt.NDArray[Any],
+                      padding: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``out[i, :len]`` = row ``rows[i]``, then ``padding``; IndexError naming a row."""

@@ -10,8 +10,6 @@ own, but built as one extension module so the kernels share a single import:
   draws); ``_weighted.pxi``, after it: weighted draws (alias tables).
 * ``_copy.pxi``: moving bytes: row gather for ArrayDataset and the
   collate-into-buffer copies.
-* ``_chunks.pxi``: the same gather over a column held in several arrays
-  (an Arrow column's record batches).
 * ``_resample.pxi``: one pass of Pillow's antialiased resize, bit for bit
   (the image pipeline's hot loop).
 * ``_resample_packed.pxi``: Pillow's whole resize from packed pixels in place
@@ -24,6 +22,9 @@ own, but built as one extension module so the kernels share a single import:
   main process hands out.
 * ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate);
   included after ``_copy.pxi``, whose leaf checks and copies it uses.
+* ``_chunks.pxi``: the gather over a column held in several arrays (an
+  Arrow column's record batches), and ragged rows padded from them;
+  after ``_pad.pxi``, whose padding fill it uses.
 * ``_buckets.pxi``: length-sorted samples packed into batches by a token
   budget (BucketBatchSampler).
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
@@ -36,8 +37,8 @@ include "_kernels/_shared.pxi"
 include "_kernels/_random.pxi"
 include "_kernels/_weighted.pxi"
 include "_kernels/_copy.pxi"
-include "_kernels/_chunks.pxi"
 include "_kernels/_pad.pxi"
+include "_kernels/_chunks.pxi"
 include "_kernels/_buckets.pxi"
 include "_kernels/_resample.pxi"
 include "_kernels/_resample_packed.pxi"

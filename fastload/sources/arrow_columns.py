@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from fastload import _core
 
-__all__ = ["fixed_width_rows", "chunk_rows", "row_value"]
+__all__ = ["fixed_width_rows", "ragged_rows", "chunk_rows", "row_value"]
 
 
 def fixed_width_rows(column: pa.ChunkedArray) -> _core.ChunkedRows | None:
@@ -84,3 +84,26 @@ def row_value(column: pa.ChunkedArray, fixed: _core.ChunkedRows | None, index: i
                 and not values.null_count:
             return values.to_numpy(zero_copy_only=False)
     return scalar.as_py()
+
+
+def ragged_rows(column: pa.ChunkedArray) -> _core.RaggedRows | None:
+    """A list column of numbers (rows of any length, no nulls) as ``RaggedRows``, else None."""
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        return None
+    values, offsets = [], []
+    for chunk in column.chunks:
+        if chunk.null_count:
+            return None
+        items = chunk_rows(chunk.flatten()) if len(chunk) else None
+        if items is None:
+            if len(chunk):
+                return None
+            continue
+        if values and (items.dtype != values[0].dtype or items.shape[1:] != values[0].shape[1:]):
+            return None
+        starts = chunk.offsets.to_numpy().astype(np.int64)
+        values.append(items)
+        offsets.append(starts - starts[0])  # flatten() starts at this chunk's first row
+    if not values:
+        return None
+    return _core.RaggedRows(values, offsets, values[0].dtype, values[0].shape[1:])

@@ -12,6 +12,8 @@ straight into the ring slot.  That is when:
   booleans stay bool; ``"torch"`` gives tensors);
 * every column output is fixed-width and numeric without nulls (see
   ``arrow_columns``) and needs no decoding (no ``Image()``, ``Audio()``);
+  with ``pad_collate`` (numpy format), lists of numbers of any length too,
+  padded straight from the Arrow buffers (``padded_columns``);
 * no transform is set (``set_transform`` makes the format ``"custom"``).
 
 Anything else is made sample by sample, through the dataset's own
@@ -21,11 +23,14 @@ Anything else is made sample by sample, through the dataset's own
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fastload.sources.arrow_columns import fixed_width_rows
+from fastload._core import RaggedRows
+from fastload.collate import BatchLayout, PadCollate
+from fastload.sources.arrow_columns import fixed_width_rows, ragged_rows
+from fastload.sources.padded_columns import gather_cast, padded_batch
 from fastload.vision.image_batches import WholeBatch
 
 __all__ = ["ArrowColumnBatches", "formatted_dtype"]
@@ -76,7 +81,12 @@ class ArrowColumnBatches:
             if require_decoding(features[name]):
                 return None
             rows = fixed_width_rows(table.column(name))
-            dtype = None if rows is None else formatted_dtype(rows.dtype)
+            if rows is None:
+                # Ragged (token ids): padded by pad_collate when the formatter keeps the dtype.
+                rows = ragged_rows(table.column(name))
+                if rows is None or formatted_dtype(rows.dtype) != rows.dtype:
+                    return None
+            dtype = formatted_dtype(rows.dtype)
             if dtype is None:
                 return None
             names.append(name)
@@ -90,21 +100,30 @@ class ArrowColumnBatches:
                 dataset._indices.column(0).to_numpy().astype(np.int64, copy=False))
         return cls(tuple(names), columns, dtypes, indices, len(dataset), format_type == "torch")
 
-    def _fastload_batch(self, rows: np.ndarray) -> WholeBatch | None:
+    def _table_rows(self, rows: np.ndarray) -> np.ndarray | None:
         if rows.size == 0 or rows.min() < 0 or rows.max() >= self.length:
             return None  # the dataset's own indexing answers (and raises)
-        if self.indices is not None:
-            rows = self.indices[rows]
+        return rows if self.indices is None else self.indices[rows]
+
+    def _fastload_batch(self, rows: np.ndarray) -> WholeBatch | None:
+        rows = self._table_rows(rows)
+        if rows is None or any(isinstance(column, RaggedRows) for column in self.columns):
+            return None  # ragged rows stack only if equal: torch's collate decides
         count = rows.shape[0]
         shapes = tuple((dtype, (count,) + column.row_shape)
                        for dtype, column in zip(self.dtypes, self.columns))
 
         def fill(outs: Sequence[np.ndarray]) -> None:
             for column, out in zip(self.columns, outs):
-                if out.dtype == column.dtype:
-                    column.gather(rows, out)
-                else:  # the formatter's cast, after the gather
-                    np.copyto(out, column.gather(rows, np.empty(out.shape, column.dtype)),
-                              casting="unsafe")
+                gather_cast(column, rows, out)
 
         return WholeBatch(shapes, fill, self.names, self.tensors)
+
+    def _fastload_padded_batch(self, rows: np.ndarray, pad: PadCollate
+                               ) -> tuple[BatchLayout, Callable[[np.ndarray], None]] | None:
+        """The batch ``pad`` makes of these rows, laid out, and the fill that writes it
+        into a buffer of ``layout.nbytes``; None for sample by sample."""
+        rows = self._table_rows(rows)
+        if rows is None or self.tensors:
+            return None
+        return padded_batch(self.names, self.columns, self.dtypes, rows, pad)

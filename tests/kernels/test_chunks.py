@@ -51,3 +51,41 @@ def test_the_chunks_stay_alive_while_the_rows_are_read():
     del chunks
     out = np.empty((2, 3), np.float32)
     np.testing.assert_array_equal(rows_.gather(np.array([6, 0]), out), whole[[6, 0]])
+
+
+def _ragged(lengths_by_chunk, item_shape=()):
+    chunks, offsets, rows = [], [], []
+    value = 0
+    for lengths in lengths_by_chunk:
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        items = np.arange(value, value + starts[-1] * int(np.prod(item_shape)),
+                          dtype=np.int32).reshape((starts[-1],) + item_shape)
+        value += items.size
+        chunks.append(items)
+        offsets.append(starts)
+        rows.extend(items[a:b] for a, b in zip(starts[:-1], starts[1:]))
+    return _core.RaggedRows(chunks, offsets, np.int32, item_shape), rows
+
+
+@pytest.mark.parametrize("item_shape", [(), (2,)])
+def test_ragged_rows_are_padded_as_numpy_pads_them(item_shape):
+    ragged, reference = _ragged([[3, 0, 5], [], [1, 2], [4]], item_shape)
+    assert len(ragged) == 6
+    rows = np.array([5, 0, 1, 4, 2, -1, 3], dtype=np.int64)
+    lengths = ragged.lengths(rows)
+    np.testing.assert_array_equal(lengths, [len(reference[r]) for r in rows])
+    out = np.empty((len(rows), 7) + item_shape, np.int32)
+    ragged.gather_padded(rows, out, np.array([-2], np.int32))
+    for i, r in enumerate(rows):
+        np.testing.assert_array_equal(out[i, :lengths[i]], reference[r])
+        assert (out[i, lengths[i]:] == -2).all()
+
+
+def test_ragged_rows_refuse_an_output_shorter_than_the_longest_row():
+    ragged, _ = _ragged([[3, 5]])
+    with pytest.raises(ValueError, match="fewer than the longest row"):
+        ragged.gather_padded(np.array([1]), np.empty((1, 4), np.int32), np.zeros(1, np.int32))
+    with pytest.raises(IndexError, match="index 2 is out of range"):
+        ragged.lengths(np.array([2]))
+    with pytest.raises(ValueError, match="offsets rising"):
+        _core.RaggedRows([np.arange(3, dtype=np.int32)], [np.array([0, 4])], np.int32, ())

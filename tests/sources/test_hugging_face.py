@@ -7,7 +7,7 @@ batches; the gathered path (numpy/torch formats) is also checked to be taken.
 
 import numpy as np
 import pytest
-from batch_compare import assert_same_as_torch
+from batch_compare import assert_same, assert_same_as_torch
 
 import fastload as fl
 from fastload._loading.fetch import whole_batch_rows
@@ -140,23 +140,45 @@ def test_output_torch_gives_the_gathered_columns_as_tensors(torch, hf_dataset):
     assert_same_as_torch(ours, theirs, tensors=True)
 
 
-def test_ragged_token_ids_pad_through_pad_collate():
-    ids = [list(range(1, 1 + (i * 7) % 13)) for i in range(50)]
-    dataset = datasets.Dataset.from_dict({"ids": ids, "label": list(range(50))}
-                                         ).with_format("numpy")
-    assert whole_batch_rows(dataset) is None  # ragged: sample by sample
-    loader = fl.DataLoader(dataset, batch_size=8, collate_fn=fl.collate.pad_collate(-1))
-    seen = 0
-    for batch in loader:
-        labels = batch["label"]
-        padded = batch["ids"]
-        for row, label in enumerate(labels):
-            want = np.asarray(ids[label], dtype=np.int64)
-            assert padded.lengths[row] == len(want)
-            np.testing.assert_array_equal(padded.values[row, :len(want)], want)
-            assert (padded.values[row, len(want):] == -1).all()
-            seen += 1
-    assert seen == 50
+def _ragged(tmp_path=None):
+    ids = [np.arange(1, 1 + (i * 7) % 13, dtype=np.int64) * (i + 1) for i in range(50)]
+    features = np.arange(50 * 3, dtype=np.float64).reshape(50, 3)
+    dataset = datasets.Dataset.from_dict({"ids": ids, "label": np.arange(50), "features": features})
+    if tmp_path is not None:  # memory-mapped, many chunks
+        dataset = dataset.map(lambda b: b, batched=True, batch_size=7, writer_batch_size=7,
+                              cache_file_name=str(tmp_path / "ragged.arrow"))
+    return dataset
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"padding_value": -1, "return_mask": True}, {"pad_to_multiple_of": 8},
+    {"return_lengths": False}, {"return_lengths": False, "return_mask": True, "padding_value": 3},
+], ids=["default", "mask", "multiple", "values-only", "mask-only"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_ragged_token_ids_are_padded_from_the_arrow_buffers_as_pad_collate_pads_samples(
+        tmp_path, options, num_workers, mapped):
+    dataset = _ragged(tmp_path if mapped else None).shuffle(seed=1).with_format("numpy")
+    pad = fl.collate.pad_collate(**options)
+    from fastload._loading.fetch import _padded_gathering, _under_subsets
+    assert _padded_gathering(_under_subsets(dataset)) is not None
+    order = np.random.default_rng(2).permutation(50).tolist()
+    loader = fl.DataLoader(dataset, batch_size=8, sampler=order, collate_fn=pad,
+                           num_workers=num_workers, timeout=60 if num_workers else 0)
+    batches = list(loader)
+    assert len(batches) == 7
+    for start, batch in zip(range(0, 50, 8), batches):
+        # The reference: pad_collate over the samples torch's loader would fetch.
+        assert_same(batch, pad(dataset.__getitems__(order[start:start + 8])))
+
+
+def test_a_torch_formatted_ragged_dataset_pads_sample_by_sample(torch):
+    dataset = _ragged().with_format("torch")
+    pad = fl.collate.pad_collate()
+    batch = next(iter(fl.DataLoader(dataset, batch_size=6, collate_fn=pad)))
+    expected = pad(dataset.__getitems__(list(range(6))))
+    assert_same_as_torch(batch["label"], expected["label"], tensors=True)
+    assert_same_as_torch(batch["ids"].values, expected["ids"].values, tensors=True)
 
 
 def test_a_subset_of_a_dataset_is_gathered_through_both_maps(torch, hf_dataset):
