@@ -8,5 +8,6 @@ imports ``fastload.sources.hugging_face`` only when given a Hugging Face
 
 from fastload.sources.arrow import ArrowDataset
 from fastload.sources.parquet import ParquetDataset
+from fastload.sources.tar_shards import TarShards
 
-__all__ = ["ArrowDataset", "ParquetDataset"]
+__all__ = ["ArrowDataset", "ParquetDataset", "TarShards"]
