@@ -22,7 +22,19 @@ Cells:
   ``pad_collate``; for torch ``pad_sequence`` beside ``default_collate``):
   both go sample by sample through the dataset's ``__getitems__``.
 
+WebDataset shards (``--images`` JPEGs of 500x375, default 20,000, in
+``--shards`` shards, default 40, written by webdataset's ``ShardWriter``),
+PIL decode, then ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
+``ToArray()`` (fastload.vision's, for both), batch 64, 2 workers:
+
+* ``tar: fastload TarShards``: an exact global shuffle by sample index;
+* ``tar: webdataset``: webdataset's own pipeline (shard shuffle, a 1,000-sample
+  shuffle buffer, ``decode("pil")``) in torch's DataLoader;
+* ``tar index``: the member index of all shards built from their headers
+  (``tar_index.read_members``) from page cache, GB of shards per second.
+
     python bench/bench_sources.py --rows 200000 --rounds 3
+    python bench/bench_sources.py --only tar --images 20000 --shards 40 --rounds 3
 """
 
 from __future__ import annotations
@@ -117,12 +129,76 @@ def timed(make, batches: int) -> float:
     return seen / elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batches", type=int, default=0, help="per round; 0: a whole epoch")
-    args = parser.parse_args()
+def write_shards(root: str, images: int, shards: int) -> list[str]:
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    from fastload.cli.synthetic import synthetic_image
+
+    rng = np.random.default_rng(0)
+    per_shard = -(-images // shards)
+    with wds.ShardWriter(os.path.join(root, "shard-%04d.tar"), maxcount=per_shard,
+                         verbose=0) as sink:
+        for i in range(images):
+            out = io.BytesIO()
+            Image.fromarray(synthetic_image(500, 375, rng)).save(out, format="JPEG", quality=90)
+            sink.write({"__key__": f"{i:07d}", "jpg": out.getvalue(), "cls": str(i % 1000)})
+    return sorted(os.path.join(root, name) for name in os.listdir(root) if name.endswith(".tar"))
+
+
+def tar_loaders(paths: list[str]):
+    import torch
+    import webdataset as wds
+
+    import fastload as fl
+    from fastload.sources import TarShards
+    from fastload.cli.pipelines import standard_transform
+
+    transform = standard_transform()
+
+    def ours():
+        shards = TarShards(paths, transform=lambda s: {"label": s["cls"],
+                                                       "image": transform(s["jpg"])})
+        return fl.DataLoader(shards, batch_size=64, shuffle=True, num_workers=WORKERS)
+
+    def theirs():
+        pipeline = (wds.WebDataset(paths, shardshuffle=len(paths), empty_check=False)
+                    .shuffle(1000).decode("pil")
+                    .map(lambda s: {"label": s["cls"], "image": transform(s["jpg"])}))
+        return torch.utils.data.DataLoader(pipeline, batch_size=64, num_workers=WORKERS)
+
+    return {"tar: fastload TarShards": ours, "tar: webdataset": theirs}
+
+
+def index_rate(paths: list[str], rounds: int) -> float:
+    from fastload.sources.tar_index import read_members
+
+    total = sum(os.path.getsize(path) for path in paths)
+    for path in paths:  # page cache
+        with open(path, "rb") as file:
+            while file.read(1 << 24):
+                pass
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for path in paths:
+            read_members(path)
+        times.append(time.perf_counter() - start)
+    return total / statistics.median(times) / 1e9
+
+
+def run_rounds(cells: dict, rounds: int, batches: int) -> dict[str, float]:
+    rates: dict[str, list[float]] = {name: [] for name in cells}
+    for round_ in range(rounds):
+        for name, make in cells.items():
+            rates[name].append(timed(make, batches or -1))
+            print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s", flush=True)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def bench_hf(args) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_sources_") as root:
         made = time.perf_counter()
         ds = build(args.rows, root)
@@ -130,21 +206,48 @@ def main() -> None:
               f"({len(ds.data.table.column('label').chunks)} Arrow chunks)", flush=True)
         cells = loaders(ds.with_format("numpy", columns=["label", "features"]),
                         ds.with_format("numpy"))
-        rates: dict[str, list[float]] = {name: [] for name in cells}
-        for round_ in range(args.rounds):
-            for name, make in cells.items():
-                rates[name].append(timed(make, args.batches or -1))
-                print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s", flush=True)
-        medians = {name: statistics.median(values) for name, values in rates.items()}
+        medians = run_rounds(cells, args.rounds, args.batches)
         print(f"\nmedians over {args.rounds} rounds ({args.rows} rows, batch {BATCH}, "
               f"{WORKERS} workers):")
         for name, value in medians.items():
             print(f"  {name:32s} {value:12,.0f} samples/s")
-        print(f"  fixed: fastload / torch          {medians['fixed: fastload'] / medians['fixed: torch']:.1f}x")
-        print(f"  fixed: fastload / torch whole    "
-              f"{medians['fixed: fastload'] / medians['fixed: torch whole batches']:.1f}x")
-        print(f"  ragged: fastload / torch         "
-              f"{medians['ragged: fastload pad_collate'] / medians['ragged: torch pad_sequence']:.1f}x")
+        for label, ours, theirs in (
+                ("fixed: fastload / torch", "fixed: fastload", "fixed: torch"),
+                ("fixed: fastload / torch whole", "fixed: fastload", "fixed: torch whole batches"),
+                ("ragged: fastload / torch", "ragged: fastload pad_collate",
+                 "ragged: torch pad_sequence")):
+            print(f"  {label:32s} {medians[ours] / medians[theirs]:12.1f}x")
+
+
+def bench_tar(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_sources_tar_") as root:
+        made = time.perf_counter()
+        paths = write_shards(root, args.images, args.shards)
+        print(f"wrote {args.images} JPEGs in {len(paths)} shards in "
+              f"{time.perf_counter() - made:.1f} s", flush=True)
+        print(f"tar index: {index_rate(paths, 5):.2f} GB/s from page cache", flush=True)
+        medians = run_rounds(tar_loaders(paths), args.rounds, args.batches)
+        print(f"\nmedians over {args.rounds} rounds ({args.images} images, batch 64, "
+              f"{WORKERS} workers):")
+        for name, value in medians.items():
+            print(f"  {name:32s} {value:12,.0f} samples/s")
+        print(f"  tar: fastload / webdataset       "
+              f"{medians['tar: fastload TarShards'] / medians['tar: webdataset']:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=0, help="per round; 0: a whole epoch")
+    parser.add_argument("--images", type=int, default=20_000)
+    parser.add_argument("--shards", type=int, default=40)
+    parser.add_argument("--only", choices=["hf", "tar"], default=None)
+    args = parser.parse_args()
+    if args.only in (None, "hf"):
+        bench_hf(args)
+    if args.only in (None, "tar"):
+        bench_tar(args)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload import _core
-from fastload.collate import (BatchLayout, ArraySlot, MappingNode, PlannedLayouts, SequenceNode, collate_into,
-                              default_collate, fn_map_is_pristine, is_string_or_object_dtype,
-                              pack_into, private_buffer, to_torch)
+from fastload.collate import (BatchLayout, ArraySlot, MappingNode, PlannedLayouts, SequenceNode,
+                              collate_into, default_collate, fn_map_is_pristine,
+                              is_string_or_object_dtype, pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload._loading.settings import BatchSettings
 from fastload.collate import PadCollate

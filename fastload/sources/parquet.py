@@ -62,7 +62,8 @@ class ParquetDataset(Dataset):
         self.columns = select_columns(schema, self._asked_columns, repr(self._paths[0]))
         groups = []  # (file number, row group, rows)
         for number, (path, file) in enumerate(zip(self._paths, files)):
-            if _column_types(file.schema_arrow, self.columns) != _column_types(schema, self.columns):
+            wanted = _column_types(schema, self.columns)
+            if _column_types(file.schema_arrow, self.columns) != wanted:
                 raise ValueError(f"{path!r} has another schema than {self._paths[0]!r} "
                                  f"for columns {self.columns}")
             for group in range(file.metadata.num_row_groups):

@@ -41,7 +41,7 @@ def test_chunks_and_outputs_of_another_shape_or_dtype_are_refused():
     with pytest.raises(ValueError, match="C-contiguous float32 array of rows"):
         _core.ChunkedRows([chunks[0][:, ::2]], np.float32, (2,))
     rows_ = _core.ChunkedRows(chunks, np.float32, (3,))
-    with pytest.raises(ValueError, match=r"out must be a C-contiguous float32 array of shape \(1, 3\)"):
+    with pytest.raises(ValueError, match=r"C-contiguous float32 array of shape \(1, 3\)"):
         rows_.gather(np.array([0]), np.empty((1, 3), np.float64))
 
 
