@@ -196,3 +196,12 @@ def test_a_row_out_of_range_raises_the_datasets_own_error(hf_dataset):
     dataset = hf_dataset.with_format("numpy")
     with pytest.raises(IndexError):
         next(iter(fl.DataLoader(dataset, batch_size=2, sampler=[0, ROWS])))
+
+
+def test_spawned_workers_map_the_arrow_files_again_and_gather(torch, mapped_dataset):
+    dataset = mapped_dataset.with_format("numpy")
+    ours = list(fl.DataLoader(dataset, batch_size=50, num_workers=2, timeout=60,
+                              multiprocessing_context="spawn"))
+    theirs = list(torch.utils.data.DataLoader(dataset, batch_size=50))
+    for a, b in zip(ours, theirs, strict=True):
+        assert_same_as_torch(a, b)

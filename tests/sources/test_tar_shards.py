@@ -177,3 +177,24 @@ def test_every_sample_once_an_epoch_over_ranks_and_workers(shards, ranks, worker
     # 26 samples: drop_last drops what does not divide evenly, never twice one.
     assert len(seen) == len(set(seen)) == 26 - 26 % ranks
     assert set(seen) <= set(dataset.keys.tolist())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shuffled_epoch_resumes_mid_way_with_the_rest_of_it(shards, workers):
+    def make():
+        dataset = TarShards(shards, decode=False, transform=lambda s: s["__key__"])
+        return fl.DataLoader(dataset, batch_size=4, shuffle=True, generator=7,
+                             num_workers=workers, timeout=60 if workers else 0)
+
+    whole = [batch for batch in make()]
+    loader, seen = make(), []
+    for batch in loader:
+        seen.append(batch)
+        if len(seen) == 3:
+            break
+    state = loader.state_dict()
+    again = make()
+    again.load_state_dict(state)
+    assert seen + list(again) == whole
+    assert sorted(key for batch in whole for key in batch) == \
+        sorted(TarShards(shards).keys.tolist())
