@@ -8,6 +8,7 @@ imports ``fastload.sources.hugging_face`` only when given a Hugging Face
 
 from fastload.sources.arrow import ArrowDataset
 from fastload.sources.parquet import ParquetDataset
+from fastload.sources.shard_stream import ShardStream
 from fastload.sources.tar_shards import TarShards
 
-__all__ = ["ArrowDataset", "ParquetDataset", "TarShards"]
+__all__ = ["ArrowDataset", "ParquetDataset", "TarShards", "ShardStream"]
