@@ -82,9 +82,9 @@ class ArrowColumnBatches:
                 return None
             rows = fixed_width_rows(table.column(name))
             if rows is None:
-                # Ragged (token ids): padded by pad_collate when the formatter keeps the dtype.
+                # Ragged (token ids): gathered padded with pad_collate, else sample by sample.
                 rows = ragged_rows(table.column(name))
-                if rows is None or formatted_dtype(rows.dtype) != rows.dtype:
+                if rows is None:
                     return None
             dtype = formatted_dtype(rows.dtype)
             if dtype is None:

@@ -68,7 +68,13 @@ def padded_batch(names: Sequence[str], columns: Sequence[ChunkedRows | RaggedRow
                 gather_cast(column, rows, out)
                 continue
             if isinstance(column, RaggedRows):
-                column.gather_padded(rows, out, padding)
+                if out.dtype == column.dtype:
+                    column.gather_padded(rows, out, padding)
+                else:  # the formatter's cast (int32 ids to int64), then the padding
+                    padded = column.gather_padded(rows, np.empty(out.shape, column.dtype),
+                                                  np.zeros(1, column.dtype))
+                    np.copyto(out, padded, casting="unsafe")
+                    out[np.arange(out.shape[1]) >= lengths[:, None]] = padding[0]
             else:
                 width = column.row_shape[0]
                 if out.shape[1] == width:

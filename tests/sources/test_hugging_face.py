@@ -143,7 +143,10 @@ def test_output_torch_gives_the_gathered_columns_as_tensors(torch, hf_dataset):
 def _ragged(tmp_path=None):
     ids = [np.arange(1, 1 + (i * 7) % 13, dtype=np.int64) * (i + 1) for i in range(50)]
     features = np.arange(50 * 3, dtype=np.float64).reshape(50, 3)
-    dataset = datasets.Dataset.from_dict({"ids": ids, "label": np.arange(50), "features": features})
+    dataset = datasets.Dataset.from_dict({"ids": ids, "label": np.arange(50), "features": features,
+                                          "small_ids": ids})
+    # int32 token ids, as a tokenizer's features store them: the formatter makes them int64.
+    dataset = dataset.cast_column("small_ids", datasets.List(datasets.Value("int32")))
     if tmp_path is not None:  # memory-mapped, many chunks
         dataset = dataset.map(lambda b: b, batched=True, batch_size=7, writer_batch_size=7,
                               cache_file_name=str(tmp_path / "ragged.arrow"))
