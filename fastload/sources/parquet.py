@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from fastload.dataset import Dataset
 from fastload.sources.arrow_columns import fixed_width_rows, row_value
+from fastload.sources.remote import RemoteObject, RemoteReader, is_url
 from fastload.sources.tables import as_paths, checked_index, rows_in_range, select_columns, \
     whole_batch
 from fastload.vision.image_batches import WholeBatch
@@ -30,8 +31,11 @@ from fastload.vision.image_batches import WholeBatch
 __all__ = ["ParquetDataset"]
 
 
-def _open(path: str) -> pq.ParquetFile:
+def _open(path: str, storage_options: dict | None = None,
+          timeout: float = 30.0) -> pq.ParquetFile:
     try:
+        if is_url(path):  # row groups read by ranges, retried, through a block cache
+            return pq.ParquetFile(RemoteReader(RemoteObject(path, storage_options, timeout)))
         return pq.ParquetFile(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"No such Parquet file: {path!r}") from None
@@ -46,10 +50,12 @@ def _column_types(schema: pa.Schema, columns: list[str]) -> list | None:
 
 
 class ParquetDataset(Dataset):
-    """``ParquetDataset(paths, columns=None, cached_row_groups=8)``: see the module."""
+    """``ParquetDataset(paths, columns=None, cached_row_groups=8, *, storage_options=None,
+    timeout=30.0)``: see the module; a path may be a URL (``remote``)."""
 
     def __init__(self, paths: Any, columns: Sequence[str] | None = None,
-                 cached_row_groups: int = 8) -> None:
+                 cached_row_groups: int = 8, *, storage_options: dict | None = None,
+                 timeout: float = 30.0) -> None:
         if isinstance(cached_row_groups, bool) or not isinstance(cached_row_groups, int) \
                 or cached_row_groups < 1:
             raise ValueError(f"cached_row_groups should be a positive integer, "
@@ -57,7 +63,8 @@ class ParquetDataset(Dataset):
         self._paths = as_paths(paths, "ParquetDataset")
         self._asked_columns = None if columns is None else list(columns)
         self.cached_row_groups = cached_row_groups
-        files = [_open(path) for path in self._paths]
+        self._remote = (storage_options, timeout)
+        files = [_open(path, *self._remote) for path in self._paths]
         schema = files[0].schema_arrow
         self.columns = select_columns(schema, self._asked_columns, repr(self._paths[0]))
         groups = []  # (file number, row group, rows)
@@ -94,7 +101,7 @@ class ParquetDataset(Dataset):
         number = int(self._group_file[group])
         file = self._files.get(number)
         if file is None:
-            file = self._files[number] = _open(self._paths[number])
+            file = self._files[number] = _open(self._paths[number], *self._remote)
         table = file.read_row_group(int(self._group_number[group]), columns=self.columns)
         found = (table, [fixed_width_rows(column) for column in table.columns])
         self._decoded[group] = found

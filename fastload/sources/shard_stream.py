@@ -55,13 +55,15 @@ def _check_integer(name: str, value: Any, least: int) -> int:
 
 class ShardStream(IterableDataset):
     """``ShardStream(urls, shuffle_buffer=1000, seed=0, *, num_replicas=None, rank=None,
-    drop_last=False, decode=True, transform=None, index_dir=None)``: see the module."""
+    drop_last=False, decode=True, transform=None, index_dir=None, storage_options=None,
+    timeout=30.0)``: see the module (URLs as ``TarShards`` reads them)."""
 
     def __init__(self, urls: Any, shuffle_buffer: int = 1000, seed: int = 0, *,
                  num_replicas: int | None = None, rank: int | None = None,
                  drop_last: bool = False, decode: bool = True,
                  transform: Callable[[dict], Any] | None = None,
-                 index_dir: str | None = None) -> None:
+                 index_dir: str | None = None, storage_options: dict | None = None,
+                 timeout: float = 30.0) -> None:
         self.shuffle_buffer = _check_integer("shuffle_buffer", shuffle_buffer, 1)
         self.seed = _check_integer("seed", seed, 0)
         group = _initialized_group() if num_replicas is None or rank is None else None
@@ -76,7 +78,8 @@ class ShardStream(IterableDataset):
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
                              f"[0, {self.num_replicas - 1}]")
         self.drop_last = bool(drop_last)
-        self.samples = TarShards(urls, index_dir=index_dir, decode=decode, transform=transform)
+        self.samples = TarShards(urls, index_dir=index_dir, decode=decode, transform=transform,
+                                 storage_options=storage_options, timeout=timeout)
         shard_of = self.samples._shard_of
         self._shard_starts = np.searchsorted(shard_of, np.arange(len(self.samples.paths) + 1))
         self.epoch = 0

@@ -16,7 +16,9 @@ Pickled members (``pyd``, ``pickle``) stay bytes: loading one would run
 code from the file.  ``transform``, when given, is applied to each sample.
 
 The member index of every shard is built once from its tar headers and kept
-(``tar_index``); a sample is then one read per member.  Every sampler,
+(``tar_index``); a sample is then one read per member.  A path may be a URL
+(``https://``, ``s3://``: ``remote``, with ``storage_options`` passed to
+fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  Every sampler,
 ``DistributedSampler``, resume and elastic resume apply as to any dataset.
 """
 
@@ -32,7 +34,8 @@ import numpy as np
 
 from fastload.dataset import Dataset
 from fastload.sources.tables import as_paths, checked_index
-from fastload.sources.tar_index import shard_members
+from fastload.sources.remote import RemoteObject, is_url
+from fastload.sources.tar_index import LocalFile, shard_members
 
 __all__ = ["TarShards", "decode_member", "IMAGE_EXTENSIONS"]
 
@@ -83,17 +86,23 @@ def _group(shard: str, names: list[str]) -> tuple[list[str], list[list[tuple[str
 
 
 class TarShards(Dataset):
-    """``TarShards(paths, index_dir=None, decode=True, transform=None)``: see the module."""
+    """``TarShards(paths, index_dir=None, decode=True, transform=None, *,
+    storage_options=None, timeout=30.0)``: see the module."""
 
     def __init__(self, paths: Any, index_dir: str | None = None, decode: bool = True,
-                 transform: Callable[[dict], Any] | None = None) -> None:
+                 transform: Callable[[dict], Any] | None = None, *,
+                 storage_options: dict | None = None, timeout: float = 30.0) -> None:
         self.paths = as_paths(paths, "TarShards")
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         self.decode = bool(decode)
         self.transform = transform
+        # Each shard read by ranges: a local file, or an object behind a URL.
+        self._sources = [RemoteObject(path, storage_options, timeout) if is_url(path)
+                         else LocalFile(path) for path in self.paths]
         keys, shard_of, extensions, offsets, sizes, firsts = [], [], [], [], [], [0]
         for number, shard in enumerate(self.paths):
-            names, member_offsets, member_sizes = shard_members(shard, self.index_dir)
+            names, member_offsets, member_sizes = shard_members(shard, self._sources[number],
+                                                                self.index_dir)
             shard_keys, samples = _group(shard, names)
             keys.extend(shard_keys)
             shard_of.extend([number] * len(samples))
@@ -110,7 +119,6 @@ class TarShards(Dataset):
         self._offsets = np.array(offsets, dtype=np.int64)
         self._sizes = np.array(sizes, dtype=np.int64)
         self._firsts = np.array(firsts, dtype=np.int64)
-        self._files: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -118,23 +126,14 @@ class TarShards(Dataset):
     def __repr__(self) -> str:
         return f"TarShards({len(self.paths)} shards, {len(self)} samples)"
 
-    def _descriptor(self, shard: int) -> int:
-        fd = self._files.get(shard)
-        if fd is None:
-            try:
-                fd = self._files[shard] = os.open(self.paths[shard], os.O_RDONLY)
-            except FileNotFoundError:
-                raise FileNotFoundError(f"No such tar shard: {self.paths[shard]!r}") from None
-        return fd
-
     def __getitem__(self, index: Any) -> Any:
         row = checked_index(index, len(self))
         shard = int(self._shard_of[row])
-        fd = self._descriptor(shard)
+        source = self._sources[shard]
         sample: dict[str, Any] = {"__key__": str(self.keys[row]), "__url__": self.paths[shard]}
         for member in range(int(self._firsts[row]), int(self._firsts[row + 1])):
             size = int(self._sizes[member])
-            data = os.pread(fd, size, int(self._offsets[member]))
+            data = source.read(int(self._offsets[member]), size)
             extension = str(self._extensions[member])
             if len(data) != size:
                 raise ValueError(f"{self.paths[shard]}: truncated tar shard: the member "
@@ -144,17 +143,12 @@ class TarShards(Dataset):
 
     def close(self) -> None:
         """Close the shards this process opened (they are reopened when read again)."""
-        files, self._files = self._files, {}
-        for fd in files.values():
-            os.close(fd)
+        for source in self._sources:
+            if isinstance(source, LocalFile):
+                source.close()
 
     def __del__(self) -> None:
         try:
             self.close()
         except (OSError, AttributeError, TypeError):
             pass
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_files"] = {}  # descriptors belong to the process that opened them
-        return state
