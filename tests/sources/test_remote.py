@@ -1,7 +1,8 @@
 """Tar shards behind http:// URLs: ranged reads, retries, timeouts and named errors.
 
-A Range-capable server on 127.0.0.1 (tests/range_server.py) serves the shards,
-with faults injected per request; nothing leaves the machine.
+nginx (tests/nginx_server.py) serves the happy path, as a real server answers
+ranges; a small server of ours (tests/range_server.py) injects faults per
+request.  Both listen on 127.0.0.1 only; nothing leaves the machine.
 """
 
 import os
@@ -16,6 +17,7 @@ pytest.importorskip("aiohttp")
 import fastload as fl  # noqa: E402
 from fastload.sources import ShardStream, TarShards  # noqa: E402
 from fastload.sources.remote import RemoteObject, is_url  # noqa: E402
+from nginx_server import NginxServer, nginx_binary  # noqa: E402
 from range_server import RangeServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -146,3 +148,31 @@ def test_arrow_and_parquet_files_over_http_are_the_local_ones(tmp_path):
             ParquetDataset(f"{server.url}/gone.parquet")
         with pytest.raises(FileNotFoundError, match="gone.arrow"):
             ArrowDataset(f"{server.url}/gone.arrow")
+
+
+@pytest.fixture
+def nginx():
+    """nginx is required when FASTLOAD_REQUIRE_NGINX is set (.ci/run installs it)."""
+    if nginx_binary() is None:
+        if os.environ.get("FASTLOAD_REQUIRE_NGINX"):
+            pytest.fail("nginx is required here (FASTLOAD_REQUIRE_NGINX is set) but is not "
+                        "installed: apt-get install nginx-light")
+        pytest.skip("nginx is not installed (apt-get install nginx-light)")
+    return NginxServer
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shards_served_by_nginx_are_the_local_shards(served, nginx, tmp_path, workers):
+    _, paths, _ = served
+    with nginx(os.path.dirname(paths[0])) as server:
+        urls = [f"{server.url}/{os.path.basename(p)}" for p in paths]
+        remote = TarShards(urls, index_dir=str(tmp_path))
+        local = TarShards(paths)
+        assert remote._sources[0].identity() is not None  # nginx's ETag keys the index
+        _same(remote, local)
+        loader = fl.DataLoader(remote, batch_size=4, shuffle=True, generator=5,
+                               num_workers=workers, timeout=60 if workers else 0)
+        expected = fl.DataLoader(local, batch_size=4, shuffle=True, generator=5)
+        for ours, theirs in zip(loader, expected, strict=True):
+            assert ours["__key__"] == theirs["__key__"] and ours["bin"] == theirs["bin"]
+        local.close()
