@@ -151,3 +151,29 @@ def token_batch_starts(
     sorted_lengths: npt.NDArray[np.int64], chunk: int, batch_size: int, max_tokens: int
 ) -> npt.NDArray[np.int64]:
     """Where each greedy batch starts in chunk-wise ascending ``sorted_lengths``."""
+
+# _chunks.pxi
+class ChunkedRows:
+    """C-contiguous arrays of one dtype and row shape, gathered as one array."""
+    chunks: tuple[npt.NDArray[Any], ...]
+    dtype: np.dtype[Any]
+    row_shape: tuple[int, ...]
+    length: int
+    def __init__(self, chunks: Any, dtype: Any, row_shape: tuple[int, ...]) -> None: ...
+    def __len__(self) -> int: ...
+    def gather(self, rows: npt.NDArray[np.int64], out: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``out[i]`` = global row ``rows[i]``; IndexError naming a row out of range."""
+
+class RaggedRows:
+    """Rows of differing lengths in several chunks, padded into a batch."""
+    values: tuple[npt.NDArray[Any], ...]
+    offsets: tuple[npt.NDArray[np.int64], ...]
+    dtype: np.dtype[Any]
+    item_shape: tuple[int, ...]
+    length: int
+    def __init__(self, values: Any, offsets: Any, dtype: Any, item_shape: tuple[int, ...]) -> None: ...
+    def __len__(self) -> int: ...
+    def lengths(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]: ...
+    def gather_padded(self, rows: npt.NDArray[np.int64], out: npt.NDArray[Any],
+                      padding: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``out[i, :len]`` = row ``rows[i]``, then ``padding``; IndexError naming a row."""

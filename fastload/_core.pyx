@@ -22,6 +22,9 @@ own, but built as one extension module so the kernels share a single import:
   main process hands out.
 * ``_pad.pxi``: variable-length leaves padded into a batch (pad_collate);
   included after ``_copy.pxi``, whose leaf checks and copies it uses.
+* ``_chunks.pxi``: the gather over a column held in several arrays (an
+  Arrow column's record batches), and ragged rows padded from them;
+  after ``_pad.pxi``, whose padding fill it uses.
 * ``_buckets.pxi``: length-sorted samples packed into batches by a token
   budget (BucketBatchSampler).
 * ``_termination.pxi``: a deadline on a terminated worker's death (a C
@@ -35,6 +38,7 @@ include "_kernels/_random.pxi"
 include "_kernels/_weighted.pxi"
 include "_kernels/_copy.pxi"
 include "_kernels/_pad.pxi"
+include "_kernels/_chunks.pxi"
 include "_kernels/_buckets.pxi"
 include "_kernels/_resample.pxi"
 include "_kernels/_resample_packed.pxi"

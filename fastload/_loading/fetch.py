@@ -13,6 +13,11 @@ to make a batch:
   or on ``Subset``s of it, returns a ``WholeBatch`` (the columns' dtypes and
   shapes, and a ``fill`` that writes them into the destination buffer) or
   None, when this batch must be made sample by sample;
+* a Hugging Face ``datasets.Dataset`` whose format allows it (numpy or
+  torch, fixed-width numeric columns, no transform): gathered the same way,
+  column by column from its memory-mapped Arrow buffers
+  (``fastload.sources.hugging_face``), and its ``pad_collate`` batches
+  likewise, ragged columns padded straight from the Arrow buffers;
 * the default collate: samples are fetched (``__getitems__`` when the dataset
   has it) and the ``_core`` kernels copy them into the buffer;
 * any other ``collate_fn``: its output is packed into the buffer as it is.
@@ -31,8 +36,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload import _core
-from fastload.collate import (BatchLayout, ArraySlot, PlannedLayouts, SequenceNode, collate_into,
-                              default_collate, default_convert, fn_map_is_pristine,
+from fastload.collate import (BatchLayout, ArraySlot, MappingNode, PlannedLayouts, SequenceNode,
+                              collate_into, default_collate, default_convert, fn_map_is_pristine,
                               is_string_or_object_dtype, pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload._loading.settings import BatchSettings
@@ -71,7 +76,15 @@ def _array_columns(found: tuple[Any, np.ndarray | None] | None
 
 def _self_gathering(found: tuple[Any, np.ndarray | None] | None
                     ) -> tuple[Any, np.ndarray | None] | None:
-    if found is None or not callable(getattr(found[0], "_fastload_batch", None)):
+    if found is None:
+        return None
+    if _is_hugging_face_dataset(found[0]):
+        # Imported only for a dataset of the `datasets` package (already imported, then).
+        from fastload.sources.hugging_face import ArrowColumnBatches
+
+        batches = ArrowColumnBatches.of(found[0])
+        return None if batches is None else (batches, found[1])
+    if not callable(getattr(found[0], "_fastload_batch", None)):
         return None
     return found
 
@@ -87,6 +100,22 @@ def _numpy_row_reader(dataset: Any) -> Callable[[int], tuple] | None:
     if row_map is None:
         return base.numpy_row
     return lambda index: base.numpy_row(row_map[index])
+
+
+def _padded_gathering(found: tuple[Any, np.ndarray | None] | None
+                      ) -> tuple[Any, np.ndarray | None] | None:
+    """``(batches, row_map)`` when pad_collate's batches of the dataset are gathered
+    whole (a Hugging Face dataset's, ``_fastload_padded_batch``), else None."""
+    found = _self_gathering(found)
+    if found is None or not callable(getattr(found[0], "_fastload_padded_batch", None)):
+        return None
+    return found
+
+
+def _is_hugging_face_dataset(dataset: Any) -> bool:
+    """A ``datasets.Dataset`` (or a subclass), told without importing ``datasets``."""
+    return any(cls.__module__.partition(".")[0] == "datasets" and cls.__name__ == "Dataset"
+               for cls in type(dataset).__mro__)
 
 
 def _under_subsets(dataset: Any) -> tuple[Any, np.ndarray | None] | None:
@@ -125,19 +154,21 @@ class BatchSource:
         self.batch_size = settings.batch_size
         self.drop_last = settings.drop_last
         self.default_collate = collate_fn is default_collate
-        # A Subset's indices are read once, here, for both gathers.
-        found = _under_subsets(dataset) if auto_collation and self.default_collate \
-            and not iterable else None
-        self._arrays = _array_columns(found)
-        self._whole = _self_gathering(found) if self._arrays is None else None
+        # pad_collate lays its batches out as default_collate does: into the buffer (a ring slot).
+        self._layout_collate = collate_fn.collate_into if type(collate_fn) is PadCollate else None
+        # A Subset's indices are read once, here, for all three gathers.
+        found = _under_subsets(dataset) if auto_collation and not iterable \
+            and (self.default_collate or self._layout_collate is not None) else None
+        self._arrays = _array_columns(found) if self.default_collate else None
+        self._whole = _self_gathering(found) if self.default_collate and self._arrays is None \
+            else None
+        self._padded = _padded_gathering(found) if self._layout_collate is not None else None
         self._numpy_rows = _numpy_row_reader(dataset) if not auto_collation \
             and collate_fn is default_convert and not iterable else None
         self._array_layouts: dict[Any, BatchLayout] = {}
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
-        # pad_collate lays its batches out as default_collate does: into the buffer (a ring slot).
-        self._layout_collate = collate_fn.collate_into if type(collate_fn) is PadCollate else None
         # output="torch" in the main process: collated batches are built as tensors.
         self.as_torch = False
         self._base_seed = 0
@@ -244,7 +275,8 @@ class BatchSource:
         they are not all integers (a float, a string, a bool): then the batch
         is made sample by sample, so the dataset's own indexing answers, as
         torch's ``TensorDataset`` does, instead of a cast truncating 1.7 to 1."""
-        if (self._arrays is None and self._whole is None) or not fn_map_is_pristine():
+        if (self._arrays is None and self._whole is None and self._padded is None) \
+                or not fn_map_is_pristine():
             return None
         if kernel_batch:  # our BatchSampler's int64 array
             return indices
@@ -258,6 +290,8 @@ class BatchSource:
         the dataset says this one must be made sample by sample."""
         if self._arrays is not None:
             return self._gather_arrays(rows, allocate)
+        if self._padded is not None:
+            return self._gather_padded(rows, allocate)
         dataset, row_map = self._whole
         rows = rows.astype(np.int64, copy=False)
         if row_map is not None:
@@ -265,17 +299,35 @@ class BatchSource:
         batch = dataset._fastload_batch(np.ascontiguousarray(rows))
         if batch is None:
             return None
-        key = batch.columns
+        key = (batch.columns, batch.keys, batch.tensors)
         layout = self._array_layouts.get(key)
         if layout is None:  # kept as _gather_arrays keeps its layouts
             if len(self._array_layouts) >= _KEPT_ARRAY_LAYOUTS:
                 self._array_layouts.clear()
-            layout = BatchLayout(SequenceNode(None, [ArraySlot(dtype, shape)
-                                                     for dtype, shape in batch.columns]))
+            slots = [ArraySlot(dtype, shape) for dtype, shape in batch.columns]
+            root = SequenceNode(None, slots) if batch.keys is None \
+                else MappingNode(dict.fromkeys(batch.keys), slots)
+            layout = BatchLayout(root)
             layout.assign_offsets()
+            if batch.tensors:
+                layout.as_torch()
             self._array_layouts[key] = layout
         buffer = allocate(layout.nbytes)
         batch.fill([slot.view(buffer) for slot in layout.root.children])
+        return layout, buffer
+
+    def _gather_padded(self, rows: np.ndarray, allocate: Callable[[int], np.ndarray]
+                       ) -> tuple[BatchLayout, np.ndarray] | None:
+        batches, row_map = self._padded
+        rows = rows.astype(np.int64, copy=False)
+        if row_map is not None:
+            rows = row_map[rows]
+        made = batches._fastload_padded_batch(np.ascontiguousarray(rows), self.collate_fn)
+        if made is None:
+            return None
+        layout, fill = made
+        buffer = allocate(layout.nbytes)
+        fill(buffer)
         return layout, buffer
 
     def _gather_arrays(self, rows: np.ndarray, allocate: Callable[[int], np.ndarray]

@@ -14,7 +14,8 @@ from fastload.collate.fn_map import (collate, collate_float_fn, collate_int_fn,
                                      collate_str_fn, collate_tensor_fn, default_collate,
                                      default_collate_fn_map, fn_map_is_pristine)
 from fastload.collate.kept import PlannedLayouts
-from fastload.collate.layout import ArraySlot, BatchLayout, SequenceNode, Value, private_buffer
+from fastload.collate.layout import (ArraySlot, BatchLayout, MappingNode, NamedTupleNode,
+                                     SequenceNode, Value, private_buffer)
 from fastload.collate.pack import pack_into
 from fastload.collate.pad import PadCollate, Padded, pad_collate
 from fastload.collate.plan import plan_collate

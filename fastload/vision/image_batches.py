@@ -34,10 +34,14 @@ __all__ = ["WholeBatch", "pixel_table", "InMemoryImages"]
 class WholeBatch:
     """A batch a dataset writes itself: one ``(dtype, shape)`` per column of the
     collated batch (shape includes the batch axis), and ``fill(outs)``, which
-    writes each column into the C-contiguous array given for it."""
+    writes each column into the C-contiguous array given for it.  The batch is
+    the list of columns, or with ``keys`` the dict of them; ``tensors``: torch
+    tensors whatever the loader's ``output`` (as samples of tensors collate)."""
 
     columns: tuple[tuple[np.dtype, tuple[int, ...]], ...]
     fill: Callable[[Sequence[np.ndarray]], None]
+    keys: tuple[str, ...] | None = None
+    tensors: bool = False
 
 
 def _steps(transform: Any) -> list[Any] | None:

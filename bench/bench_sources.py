@@ -1,0 +1,254 @@
+"""A Hugging Face dataset through fastload's DataLoader and torch's, same object, same run.
+
+The data: ``--rows`` rows (default 200,000) of an int64 ``label``, float32
+``features`` of shape (256,) and ``ids``, int64 token ids of lognormal length
+(median 64, clipped to [1, 1024]); saved with ``save_to_disk`` and loaded back,
+so the Arrow files are memory-mapped as a user's are, then
+``with_format("numpy")``.  Batch 256, 2 workers, shuffled, one epoch or
+``--batches`` batches per round; rounds alternate between the loaders and each
+figure is the median over ``--rounds`` of samples/s after the first batch
+(worker start-up left out).
+
+Cells:
+
+* ``fixed``: ``label`` and ``features`` only (``with_format("numpy",
+  columns=...)``), default collate: fastload gathers each column from the
+  memory-mapped Arrow buffers; torch calls the dataset's ``__getitems__``
+  (one Arrow query, then a dict per row) and ``default_collate`` stacks them.
+* ``fixed, torch whole batches``: torch given the batch of indices at once
+  (``sampler=BatchSampler(...)``, ``batch_size=None``, so ``ds[indices]``
+  returns the stacked columns and nothing is split into rows).
+* ``ragged``: all three columns with a padding collate (fastload's
+  ``pad_collate``; for torch ``pad_sequence`` beside ``default_collate``):
+  both go sample by sample through the dataset's ``__getitems__``.
+
+WebDataset shards (``--images`` JPEGs of 500x375, default 20,000, in
+``--shards`` shards, default 40, written by webdataset's ``ShardWriter``),
+PIL decode, then ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
+``ToArray()`` (fastload.vision's, for both), batch 64, 2 workers:
+
+* ``tar: fastload TarShards``: an exact global shuffle by sample index;
+* ``tar: webdataset``: webdataset's own pipeline (shard shuffle, a 1,000-sample
+  shuffle buffer, ``decode("pil")``) in torch's DataLoader;
+* ``tar index``: the member index of all shards built from their headers
+  (``tar_index.read_members``) from page cache, GB of shards per second.
+
+    python bench/bench_sources.py --rows 200000 --rounds 3
+    python bench/bench_sources.py --only tar --images 20000 --shards 40 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BATCH = 256
+WORKERS = 2
+
+
+def build(rows: int, root: str):
+    import datasets
+
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(64), 0.8, rows), 1, 1024).astype(np.int64)
+
+    def chunks(size=10_000):
+        for start in range(0, rows, size):
+            n = min(size, rows - start)
+            yield datasets.Dataset.from_dict({
+                "label": np.arange(start, start + n, dtype=np.int64) % 1000,
+                "features": rng.standard_normal((n, 256), dtype=np.float32),
+                "ids": [rng.integers(0, 50_000, k) for k in lengths[start:start + n]],
+            })
+
+    datasets.concatenate_datasets(list(chunks())).save_to_disk(root)
+    return datasets.load_from_disk(root)
+
+
+def torch_pad(batch):
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+    from torch.utils.data import default_collate
+
+    ids = [torch.from_numpy(np.array(sample.pop("ids"))) for sample in batch]
+    out = default_collate(batch)
+    out["ids"] = pad_sequence(ids, batch_first=True)
+    out["lengths"] = torch.tensor([len(i) for i in ids])
+    return out
+
+
+def whole_batch(batch):
+    import torch
+    return {key: torch.as_tensor(value) for key, value in batch.items()}
+
+
+def loaders(ds_fixed, ds_all):
+    import torch
+    import fastload as fl
+    from fastload.collate import pad_collate
+
+    def torch_batches():
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(ds_fixed), BATCH,
+                                                False)
+        return torch.utils.data.DataLoader(ds_fixed, sampler=sampler, batch_size=None,
+                                           num_workers=WORKERS, collate_fn=whole_batch)
+
+    return {
+        "fixed: fastload": lambda: fl.DataLoader(ds_fixed, batch_size=BATCH, shuffle=True,
+                                                 num_workers=WORKERS),
+        "fixed: torch": lambda: torch.utils.data.DataLoader(ds_fixed, batch_size=BATCH,
+                                                            shuffle=True, num_workers=WORKERS),
+        "fixed: torch whole batches": torch_batches,
+        "ragged: fastload pad_collate": lambda: fl.DataLoader(
+            ds_all, batch_size=BATCH, shuffle=True, num_workers=WORKERS, collate_fn=pad_collate()),
+        "ragged: torch pad_sequence": lambda: torch.utils.data.DataLoader(
+            ds_all, batch_size=BATCH, shuffle=True, num_workers=WORKERS, collate_fn=torch_pad),
+    }
+
+
+def timed(make, batches: int) -> float:
+    loader = make()
+    start, seen = None, 0
+    for i, batch in enumerate(loader):
+        if start is None:  # steady state: from the first batch on (workers started)
+            start = time.perf_counter()
+        else:
+            seen += len(batch["label"])
+        if i + 1 == batches:
+            break
+    elapsed = time.perf_counter() - start
+    del loader
+    return seen / elapsed
+
+
+def write_shards(root: str, images: int, shards: int) -> list[str]:
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    from fastload.cli.synthetic import synthetic_image
+
+    rng = np.random.default_rng(0)
+    per_shard = -(-images // shards)
+    with wds.ShardWriter(os.path.join(root, "shard-%04d.tar"), maxcount=per_shard,
+                         verbose=0) as sink:
+        for i in range(images):
+            out = io.BytesIO()
+            Image.fromarray(synthetic_image(500, 375, rng)).save(out, format="JPEG", quality=90)
+            sink.write({"__key__": f"{i:07d}", "jpg": out.getvalue(), "cls": str(i % 1000)})
+    return sorted(os.path.join(root, name) for name in os.listdir(root) if name.endswith(".tar"))
+
+
+def tar_loaders(paths: list[str]):
+    import torch
+    import webdataset as wds
+
+    import fastload as fl
+    from fastload.sources import TarShards
+    from fastload.cli.pipelines import standard_transform
+
+    transform = standard_transform()
+
+    def ours():
+        shards = TarShards(paths, transform=lambda s: {"label": s["cls"],
+                                                       "image": transform(s["jpg"])})
+        return fl.DataLoader(shards, batch_size=64, shuffle=True, num_workers=WORKERS)
+
+    def theirs():
+        pipeline = (wds.WebDataset(paths, shardshuffle=len(paths), empty_check=False)
+                    .shuffle(1000).decode("pil")
+                    .map(lambda s: {"label": s["cls"], "image": transform(s["jpg"])}))
+        return torch.utils.data.DataLoader(pipeline, batch_size=64, num_workers=WORKERS)
+
+    return {"tar: fastload TarShards": ours, "tar: webdataset": theirs}
+
+
+def index_rate(paths: list[str], rounds: int) -> float:
+    from fastload.sources.tar_index import read_members
+
+    total = sum(os.path.getsize(path) for path in paths)
+    for path in paths:  # page cache
+        with open(path, "rb") as file:
+            while file.read(1 << 24):
+                pass
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for path in paths:
+            read_members(path)
+        times.append(time.perf_counter() - start)
+    return total / statistics.median(times) / 1e9
+
+
+def run_rounds(cells: dict, rounds: int, batches: int) -> dict[str, float]:
+    rates: dict[str, list[float]] = {name: [] for name in cells}
+    for round_ in range(rounds):
+        for name, make in cells.items():
+            rates[name].append(timed(make, batches or -1))
+            print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s", flush=True)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def bench_hf(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_sources_") as root:
+        made = time.perf_counter()
+        ds = build(args.rows, root)
+        print(f"built {args.rows} rows in {time.perf_counter() - made:.1f} s "
+              f"({len(ds.data.table.column('label').chunks)} Arrow chunks)", flush=True)
+        cells = loaders(ds.with_format("numpy", columns=["label", "features"]),
+                        ds.with_format("numpy"))
+        medians = run_rounds(cells, args.rounds, args.batches)
+        print(f"\nmedians over {args.rounds} rounds ({args.rows} rows, batch {BATCH}, "
+              f"{WORKERS} workers):")
+        for name, value in medians.items():
+            print(f"  {name:32s} {value:12,.0f} samples/s")
+        for label, ours, theirs in (
+                ("fixed: fastload / torch", "fixed: fastload", "fixed: torch"),
+                ("fixed: fastload / torch whole", "fixed: fastload", "fixed: torch whole batches"),
+                ("ragged: fastload / torch", "ragged: fastload pad_collate",
+                 "ragged: torch pad_sequence")):
+            print(f"  {label:32s} {medians[ours] / medians[theirs]:12.1f}x")
+
+
+def bench_tar(args) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_sources_tar_") as root:
+        made = time.perf_counter()
+        paths = write_shards(root, args.images, args.shards)
+        print(f"wrote {args.images} JPEGs in {len(paths)} shards in "
+              f"{time.perf_counter() - made:.1f} s", flush=True)
+        print(f"tar index: {index_rate(paths, 5):.2f} GB/s from page cache", flush=True)
+        medians = run_rounds(tar_loaders(paths), args.rounds, args.batches)
+        print(f"\nmedians over {args.rounds} rounds ({args.images} images, batch 64, "
+              f"{WORKERS} workers):")
+        for name, value in medians.items():
+            print(f"  {name:32s} {value:12,.0f} samples/s")
+        print(f"  tar: fastload / webdataset       "
+              f"{medians['tar: fastload TarShards'] / medians['tar: webdataset']:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=0, help="per round; 0: a whole epoch")
+    parser.add_argument("--images", type=int, default=20_000)
+    parser.add_argument("--shards", type=int, default=40)
+    parser.add_argument("--only", choices=["hf", "tar"], default=None)
+    args = parser.parse_args()
+    if args.only in (None, "hf"):
+        bench_hf(args)
+    if args.only in (None, "tar"):
+        bench_tar(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""``TarShards``: WebDataset tar shards as a map-style dataset, by global sample index.
+
+Members are grouped into samples as webdataset groups them: a member's key
+is its path up to the first dot of its base name, its extension the rest
+(lower-cased); consecutive members with the same key make one sample;
+members that are not regular files, whose names have no extension, or that
+are metadata (``__name__``) are skipped; an extension twice in one sample is
+an error.  ``ds[i]`` is ``{"__key__": key, "__url__": shard, ext: value,
+...}``: with ``decode=True`` (the default) the common extensions are decoded
+as webdataset's ``decode()`` decodes them (``txt``/``text`` to str,
+``cls``/``cls2``/``index``/``inx``/``id`` to int, ``json``/``jsn`` with
+``json.loads``, ``npy`` with ``numpy.load`` without pickles, image
+extensions to an RGB ``PIL.Image`` that fastload.vision transforms take);
+anything else, and everything with ``decode=False``, stays ``bytes``.
+Pickled members (``pyd``, ``pickle``) stay bytes: loading one would run
+code from the file.  ``transform``, when given, is applied to each sample.
+
+The member index of every shard is built once from its tar headers and kept
+(``tar_index``); a sample is then one read per member.  A path may be a URL
+(``https://``, ``s3://``: ``remote``, with ``storage_options`` passed to
+fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  Every sampler,
+``DistributedSampler``, resume and elastic resume apply as to any dataset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from fastload.dataset import Dataset
+from fastload.sources.tables import as_paths, checked_index
+from fastload.sources.remote import RemoteObject, is_url
+from fastload.sources.tar_index import LocalFile, shard_members
+
+__all__ = ["TarShards", "decode_member", "IMAGE_EXTENSIONS"]
+
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif",
+                              "tif", "tiff", "webp"})
+_KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
+_METADATA = re.compile(r"__[^/]*__($|/)")
+
+
+def decode_member(extension: str, data: bytes) -> Any:
+    """A member's value as webdataset's default decoders give it (see the module)."""
+    last = extension.rsplit(".", 1)[-1]
+    if last in ("txt", "text"):
+        return data.decode("utf-8")
+    if last in ("cls", "cls2", "index", "inx", "id"):
+        return int(data)
+    if last in ("json", "jsn"):
+        return json.loads(data)
+    if last == "npy":
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    if last in IMAGE_EXTENSIONS:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    return data
+
+
+def _group(shard: str, names: list[str]) -> tuple[list[str], list[list[tuple[str, int]]]]:
+    """Samples of one shard: their keys, and each one's (extension, member number)."""
+    keys: list[str] = []
+    samples: list[list[tuple[str, int]]] = []
+    for number, name in enumerate(names):
+        if _METADATA.match(name):
+            continue
+        match = _KEY_AND_EXTENSION.match(name)
+        if match is None:
+            continue
+        key, extension = match.group(1), match.group(2).lower()
+        if not keys or keys[-1] != key:
+            keys.append(key)
+            samples.append([])
+        if any(extension == seen for seen, _ in samples[-1]):
+            raise ValueError(f"{shard}: {name}: the extension {extension!r} appears twice in "
+                             f"the sample {key!r}")
+        samples[-1].append((extension, number))
+    return keys, samples
+
+
+class TarShards(Dataset):
+    """``TarShards(paths, index_dir=None, decode=True, transform=None, *,
+    storage_options=None, timeout=30.0)``: see the module."""
+
+    def __init__(self, paths: Any, index_dir: str | None = None, decode: bool = True,
+                 transform: Callable[[dict], Any] | None = None, *,
+                 storage_options: dict | None = None, timeout: float = 30.0) -> None:
+        self.paths = as_paths(paths, "TarShards")
+        self.index_dir = None if index_dir is None else os.fspath(index_dir)
+        self.decode = bool(decode)
+        self.transform = transform
+        # Each shard read by ranges: a local file, or an object behind a URL.
+        self._sources = [RemoteObject(path, storage_options, timeout) if is_url(path)
+                         else LocalFile(path) for path in self.paths]
+        keys, shard_of, extensions, offsets, sizes, firsts = [], [], [], [], [], [0]
+        for number, shard in enumerate(self.paths):
+            names, member_offsets, member_sizes = shard_members(shard, self._sources[number],
+                                                                self.index_dir)
+            shard_keys, samples = _group(shard, names)
+            keys.extend(shard_keys)
+            shard_of.extend([number] * len(samples))
+            for sample in samples:
+                for extension, member in sample:
+                    extensions.append(extension)
+                    offsets.append(member_offsets[member])
+                    sizes.append(member_sizes[member])
+                firsts.append(firsts[-1] + len(sample))
+        # Flat numpy tables: forked workers share them without touching each sample.
+        self.keys = np.array(keys, dtype=str)
+        self._shard_of = np.array(shard_of, dtype=np.int32)
+        self._extensions = np.array(extensions, dtype=str)
+        self._offsets = np.array(offsets, dtype=np.int64)
+        self._sizes = np.array(sizes, dtype=np.int64)
+        self._firsts = np.array(firsts, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"TarShards({len(self.paths)} shards, {len(self)} samples)"
+
+    def __getitem__(self, index: Any) -> Any:
+        row = checked_index(index, len(self))
+        shard = int(self._shard_of[row])
+        source = self._sources[shard]
+        sample: dict[str, Any] = {"__key__": str(self.keys[row]), "__url__": self.paths[shard]}
+        for member in range(int(self._firsts[row]), int(self._firsts[row + 1])):
+            size = int(self._sizes[member])
+            data = source.read(int(self._offsets[member]), size)
+            extension = str(self._extensions[member])
+            if len(data) != size:
+                raise ValueError(f"{self.paths[shard]}: truncated tar shard: the member "
+                                 f"{sample['__key__']}.{extension} ends past the end of the file")
+            sample[extension] = decode_member(extension, data) if self.decode else data
+        return sample if self.transform is None else self.transform(sample)
+
+    def close(self) -> None:
+        """Close the shards this process opened (they are reopened when read again)."""
+        for source in self._sources:
+            if isinstance(source, LocalFile):
+                source.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError, TypeError):
+            pass
