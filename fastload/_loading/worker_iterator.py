@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from fastload.dataset_state import WorkerSnapshots, is_stateful
-from fastload._ring import Ring, near_open_file_limit, too_many_open_files
+from fastload._ring import Ring, near_open_file_limit, too_many_open_files, uses_memfd
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
 from fastload._lifetime.weak_registry import WeakRegistry
@@ -77,7 +77,7 @@ def _disown_inherited_iterators() -> None:
     as a child of torch's loader does.  So the copy is closed: ``next()`` on
     it raises, and a persistent loader's ``iter()`` starts workers of the
     child's own.  Its teardown, when dropped, leaves the parent's workers and
-    segments alone (``teardown.release_workers_and_ring``).
+    ring alone (``teardown.release_workers_and_ring``).
     """
     for iterator in _worker_iterators.live():
         iterator.closed = True
@@ -107,7 +107,8 @@ class _MultiProcessIter(_BaseIter):
         self._persistent = settings.persistent_workers
         # New workers every epoch, forked: they can write into the slots the
         # last epoch left, through the mappings they inherit.
-        self._spares = settings.spare_slots if method == "fork" and not self._persistent else None
+        self._spares = settings.spare_slots \
+            if method == "fork" and not self._persistent and uses_memfd() else None
         self._ring = Ring(in_flight=self._num_workers * self._prefetch,
                           spares=self._spares.take() if self._spares is not None else ())
         self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
@@ -121,7 +122,7 @@ class _MultiProcessIter(_BaseIter):
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
         self.owner_pid = os.getpid()
-        self._finalizer = tear_down_when_gone(self, self._pool, self._ring, self._tasks)
+        self._finalizer = tear_down_when_gone(self, self._pool, self._ring)
         _worker_iterators.add(self)
         self._workers_key = show_workers(self)
         try:
@@ -248,7 +249,11 @@ class _MultiProcessIter(_BaseIter):
             return
         for slot_id, name in self._ring.take_retired():
             self._pool.broadcast(retire_task(slot_id, name))
-        slot = self._ring.acquire(worker)
+        try:
+            slot = self._ring.acquire(worker)  # may make a slot's file: the open-file limit
+        except Exception:
+            self.shutdown()
+            raise
         batch_no = self._next_batch_no
         self._next_batch_no += 1
         self._tasks[batch_no] = (worker, slot.slot_id)
@@ -410,7 +415,7 @@ class _MultiProcessIter(_BaseIter):
     # -- teardown ------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop the workers and unlink every segment; held batches stay valid."""
+        """Stop the workers and close the ring; held batches stay valid."""
         self.closed = True
         self._finalizer()
 
