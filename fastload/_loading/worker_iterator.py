@@ -28,6 +28,7 @@ from fastload._loading.iterators import _BaseIter
 from fastload._loading.pool import WorkerPool
 from fastload._loading.reaping import running, show_workers, shown_workers
 from fastload._loading.settings import LoaderSettings
+from fastload._loading.copy_on_read import warn_of_large_containers
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
@@ -116,6 +117,7 @@ class _MultiProcessIter(_BaseIter):
         named = [("dataset", settings.dataset), ("batch settings and collate_fn", settings.batch),
                  ("worker_init_fn", settings.worker_init_fn)]
         payload: Any = tuple(obj for _, obj in named)
+        warn_of_large_containers(settings.dataset, method)
         if method != "fork":
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
