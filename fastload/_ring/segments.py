@@ -12,7 +12,8 @@ same user, whatever its start method, sizes it (a file only grows: it is
 sealed against shrinking, so no mapping can lose its pages) and maps it.
 Where memfd (or /proc) is missing, a slot is a POSIX shared-memory segment
 under a name the main process chose, unlinked on every exit path the main
-process sees (``FASTLOAD_RING=posix`` forces that, for tests).
+process lives through (a killed main process leaves its names: the
+fallback's one weakness); ``FASTLOAD_RING=posix`` forces it, for tests.
 
 Mappings are made with libc's ``mmap`` rather than Python's, which keeps a
 duplicate descriptor per mapping: a worker closes the file right after
@@ -22,7 +23,6 @@ mapping it, and the main process holds one descriptor per slot.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import mmap
@@ -75,7 +75,9 @@ def uses_memfd() -> bool:
 
 
 def _libc() -> Any:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    # The process's own symbols, libc's among them: find_library would run a
+    # subprocess at import.
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long]
@@ -135,12 +137,10 @@ class Segment:
 
     __slots__ = ("name", "size", "array", "fd", "linked", "_owner_pid", "__weakref__")
 
-    def __init__(self, name: str, fd: int | None, size: int, linked: bool) -> None:
+    def __init__(self, name: str, fd: int | None, linked: bool) -> None:
         self.name, self.fd, self.size, self.linked = name, fd, 0, linked
         self._owner_pid = os.getpid()
         self.array = np.empty(0, dtype=np.uint8)
-        if size:
-            self.map(size)
 
     @classmethod
     def create(cls, name: str, seal: bool = True) -> "Segment":
@@ -151,12 +151,12 @@ class Segment:
                 name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
             if seal:
                 fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-            return cls(f"/proc/{os.getpid()}/fd/{fd}", fd, 0, linked=False)
+            return cls(f"/proc/{os.getpid()}/fd/{fd}", fd, linked=False)
         if _posixshmem is None:  # pragma: no cover
             raise OSError("fastload's shared-memory ring needs memfd or POSIX shared memory")
         fd = _with_fd_room(lambda: _posixshmem.shm_open(
             "/" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600))
-        return cls(name, fd, 0, linked=True)
+        return cls(name, fd, linked=True)
 
     @classmethod
     def attach(cls, handle: str, size: int, populate: bool = False) -> "Segment":
@@ -170,7 +170,7 @@ class Segment:
             fd = _with_fd_room(lambda: _posixshmem.shm_open("/" + handle, os.O_RDWR, mode=0o600))
         try:
             _grow(fd, size, handle)
-            segment = cls(handle, None, 0, linked=False)
+            segment = cls(handle, None, linked=False)
             segment.map(size, fd, populate)
             return segment
         finally:
@@ -179,7 +179,7 @@ class Segment:
     def map(self, size: int, fd: int | None = None, populate: bool = False) -> None:
         """Map the file's first ``size`` bytes (the file is that large already)."""
         fd = self.fd if fd is None else fd
-        mapping = _with_fd_room(lambda: _Mapping(fd, size, populate)) if size > 0 else None
+        mapping = _Mapping(fd, size, populate) if size > 0 else None
         self.array = np.asarray(mapping) if mapping is not None else np.empty(0, np.uint8)
         self.size = size
 

@@ -3,10 +3,16 @@ read as the kernel lays it out, v2 and v1, on a fake hierarchy."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from fastload._ring import room
 from fastload._ring.room import SharedMemoryError, cgroup_memory_room, check_room_for_slots
+from paths import REPO_DIR
 
 MIB = 1 << 20
 
@@ -82,3 +88,74 @@ def test_the_check_names_the_limit_and_what_to_change(tmp_path, monkeypatch):
                               "is 100.0 MiB"), message
     assert "30.0 MiB of it free" in message and "prefetch_factor" in message, message
     assert "--memory" in message and "/dev/shm" not in message, message
+
+
+_IN_CGROUP = """
+import sys
+import time
+sys.path[:0] = [{repo!r}]
+import numpy as np
+import fastload as fl
+from fastload._ring import SharedMemoryError
+
+class SixteenMiB(fl.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i >= 4:  # the first batch tells the slot's size: the check comes before the next
+            time.sleep(1)
+        return np.full(1 << 22, i, np.float32)  # 16 MiB: a batch of 4 is 64 MiB
+
+try:
+    # One worker (its samples and a slot fit the limit), 6 batches in flight (they do not).
+    for _ in fl.DataLoader(SixteenMiB(), batch_size=4, num_workers=1, prefetch_factor=6):
+        pass
+    print("NO ERROR")
+except SharedMemoryError as exc:
+    print("MESSAGE", exc)
+"""
+
+
+def _child_cgroup(tmp_path, limit: int):
+    """A new memory cgroup under this process's, limited to ``limit`` bytes, as
+    (directory, the file that takes a pid); skips where cgroups are not ours to make."""
+    for directory, version in room._cgroup_dirs():
+        child = f"{directory}/fl_test_{tmp_path.name[-12:]}"
+        limit_file = "memory.max" if version == "v2" else "memory.limit_in_bytes"
+        try:
+            if not os.path.exists(f"{directory}/{limit_file}") and directory != room.CGROUP_ROOT:
+                continue
+            os.mkdir(child)
+        except OSError:
+            continue
+        try:
+            with open(f"{child}/{limit_file}", "w") as file:
+                file.write(str(limit))
+            return child
+        except OSError:
+            os.rmdir(child)
+    pytest.skip("cannot make a memory cgroup with a limit here (not root, or not delegated)")
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_in_a_memory_cgroup_too_small_for_its_ring_says_so(tmp_path, no_leaks):
+    child = _child_cgroup(tmp_path, 320 * MIB)
+    script = tmp_path / "in_cgroup.py"
+    script.write_text(_IN_CGROUP.format(repo=str(REPO_DIR)))
+    try:
+        result = subprocess.run(["sh", "-c", f"echo $$ > {child}/cgroup.procs && "
+                                             f"exec {sys.executable} {script}"],
+                                capture_output=True, text=True, timeout=100)
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.rmdir(child)
+                break
+            except OSError:  # its processes are still exiting
+                time.sleep(0.1)
+    assert result.stdout.startswith("MESSAGE fastload needs 320.0 MiB more shared memory for its "
+                                    "ring: 5 more slots of 64.0 MiB (384.0 MiB for all 6); the "
+                                    "memory cgroup's limit is 320.0 MiB"), \
+        (result.stdout, result.stderr[-3000:])
