@@ -26,6 +26,7 @@ from fastload.dataset import (ArrayDataset, ChainDataset, ConcatDataset, Dataset
 from fastload.sampler import (BatchSampler, BucketBatchSampler, DistributedSampler, RandomSampler,
                               Sampler, SequentialSampler, SubsetRandomSampler,
                               WeightedRandomSampler)
+from fastload.shared_list import SharedList
 from fastload._loading.worker_info import WorkerInfo, get_worker_info
 
 # A submodule, as torch.utils.data.distributed is after `import torch.utils.data`.
@@ -35,7 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dataset", "IterableDataset", "ArrayDataset", "ConcatDataset", "ChainDataset", "Subset",
-    "StackDataset", "random_split",
+    "StackDataset", "random_split", "SharedList",
     "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
     "WeightedRandomSampler", "BatchSampler", "BucketBatchSampler", "DistributedSampler",
     "DataLoader", "default_collate", "default_convert", "get_worker_info", "WorkerInfo",

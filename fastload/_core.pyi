@@ -128,11 +128,6 @@ def slot_view(buffer: npt.NDArray[np.uint8], dtype: np.dtype, shape: tuple[int, 
     """``np.ndarray(shape, dtype, buffer, offset)``: a C-contiguous view of a contiguous
     byte array, writeable if it is; ValueError if it does not fit."""
 
-# --- worker termination (_termination.pxi) ---
-
-def kill_after_handling(signum: int, seconds: float) -> None:
-    """Make ``signum`` also arm a SIGKILL ``seconds`` later, around the handler installed now."""
-
 # --- padding variable-length leaves (_pad.pxi) ---
 
 def measure_padded_leaf(

@@ -27,8 +27,6 @@ own, but built as one extension module so the kernels share a single import:
   after ``_pad.pxi``, whose padding fill it uses.
 * ``_buckets.pxi``: length-sorted samples packed into batches by a token
   budget (BucketBatchSampler).
-* ``_termination.pxi``: a deadline on a terminated worker's death (a C
-  signal handler: CPython's run only between bytecodes).
 * ``_image_rows.pxi``: whole batches of in-memory images (MNIST, CIFAR) as
   ``ToArray()`` and ``Normalize`` would make them.
 """
@@ -46,5 +44,4 @@ include "_kernels/_pillow_pixels.pxi"
 include "_kernels/_text.pxi"
 include "_kernels/_plan_key.pxi"
 include "_kernels/_views.pxi"
-include "_kernels/_termination.pxi"
 include "_kernels/_image_rows.pxi"

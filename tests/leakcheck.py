@@ -32,6 +32,30 @@ def shm_entries(prefix: str = "fl_") -> set[str]:
         return set()
 
 
+def memory_files_held(prefix: str = "fl_", exclude: int | None = None) -> list[str]:
+    """The ring's memory files (``memfd:<prefix>...``) that any process but ``exclude``
+    holds open or mapped, as ``"<pid> <file>"``: a memory file lives as long as one does."""
+    held = set()
+    needle = "/memfd:" + prefix
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == exclude:
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{entry}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(needle):
+                    held.add(f"{entry} {target}")
+            with open(f"/proc/{entry}/maps") as maps:
+                held.update(f"{entry} {line.split(None, 5)[-1].strip()}" for line in maps
+                            if needle in line)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return sorted(held)
+
+
 def segment_pid(name: str) -> int | None:
     """The pid in a ring segment's name ``fl_<pid>_<hex>_s<slot>g<gen>``."""
     parts = name.split("_")

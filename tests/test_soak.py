@@ -1,4 +1,4 @@
-"""Soak: many epochs on persistent workers leave memory, fds and /dev/shm flat."""
+"""Soak: many epochs on persistent workers leave memory, fds and the ring's slots flat."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import fastload as fl
-from leakcheck import shm_entries
+from leakcheck import memory_files_held, shm_entries
 
 MIB = 2**20
 
@@ -37,7 +37,8 @@ def _snapshot(pids: list[int]) -> dict:
 
 
 def _our_segments(prefix: str) -> set[str]:
-    return {n for n in shm_entries() if n.startswith(prefix)}
+    """The ring's slots: POSIX segment names, or the memory files processes hold."""
+    return {n for n in shm_entries() if n.startswith(prefix)} | set(memory_files_held(prefix))
 
 
 @pytest.mark.slow
@@ -50,8 +51,8 @@ def test_thirty_epochs_on_persistent_workers_stay_flat(no_leaks):
 
     * RSS grows by less than 8 MiB per process;
     * the number of open fds (/proc/<pid>/fd) changes by at most 2;
-    * the iterator's /dev/shm segments (``fl_<pid>_...``) are the same set
-      (no new segment generations, none left behind, none added);
+    * the iterator's slots (memory files ``fl_<pid>_...``, or POSIX
+      segments) are the same set (none retired and re-made, none added);
     * the worker pids are the same in every epoch (the workers persist);
 
     and every batch of every epoch is correct (labels a permutation of the

@@ -23,25 +23,30 @@ NOTE [ What happens at fork, at exit and on a signal ]
   ``signals_held``: a Ctrl-C arriving in any at-fork hook (its own or
   another library's) is recorded and raised after the fork, not dropped.
 * **Normal exit.** An iterator's teardown (``_loading/teardown.py``) stops its
-  workers and unlinks its ring when the iterator is shut down or collected,
+  workers and closes its ring when the iterator is shut down or collected,
   and at the latest from ``atexit``.  In a child multiprocessing forked,
   which ends with ``os._exit`` and no ``atexit``, the teardowns run from
   multiprocessing's own exit function, before it terminates daemonic
-  children (our workers), so their segments are not left behind.
+  children (our workers), so they are stopped in order, not killed mid-batch.
 * **Ctrl-C.** It reaches the whole process group.  Workers ignore SIGINT;
   the main process gets KeyboardInterrupt in ``next()``, its iterator's
-  teardown stops the workers and unlinks the ring.  Teardowns and forks run
+  teardown stops the workers and closes the ring.  Teardowns and forks run
   with signals held (``interrupts.py``), so a Ctrl-C landing in a finalizer,
   where CPython would print and drop it, is raised once the teardown is over.
 * **SIGTERM (or SIGHUP) to the process group** (``kill -TERM -pgid``, a
   scheduler, ``timeout``).  The main process dies of it (unless the caller
-  handles it, then its iterators tear down normally).  Each worker's handler
-  looks whether the main process is dying too; if so it waits for it to go,
-  unlinks the ring, and dies of the same signal.  A worker stuck in C code is
-  killed after a deadline instead (``_core.kill_after_handling``).
+  handles it, then its iterators tear down normally).  Workers die of it at
+  once: SIGTERM is at its default action in them, SIGHUP as the caller set it.
 * **The main process dies** (SIGKILL, a crash).  Workers watch it (a pidfd,
-  else a liveness poll) and, once it is gone, unlink the ring and exit; every
-  worker does so, so a segment created late is not missed.
+  else a liveness poll) and exit once it is gone: no orphan is left.
+
+Nothing needs cleaning up after a death: ring slots are anonymous memory
+files (NOTE [ Anonymous memory files ] in ``_ring/segments.py``), freed with
+the last process that maps them, whatever kills whom.  Only where memfd is
+missing are slots named POSIX segments; their names are unlinked on every
+path above on which the main process survives to run its teardown (normal
+exit, an exception, Ctrl-C, a dead worker), not when the main process
+itself is killed.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ NOTE [ Why sending a task never blocks ]
 A worker has at most ``prefetch_factor`` unread tasks, each a few KB (a batch
 number, a slot and the batch's index array), so they fit in the pipe, which is
 enlarged to 1 MiB where the OS allows.  A task too large for that share of
-the pipe (a huge batch of indices) travels in a small shared-memory segment
-instead, and only its name goes through the pipe.  So the main process never
+the pipe (a huge batch of indices) travels in a memory file instead, and only
+its handle goes through the pipe.  So the main process never
 waits on a worker that is itself waiting for the main process to read its
 answer.  (A ``multiprocessing.Queue`` would also never block, but its feeder
 thread costs a GIL hand-off per batch in the main process.)
@@ -45,8 +45,6 @@ import signal
 import time
 from typing import Any
 
-import numpy as np
-
 from fastload._lifetime import pipe_ends
 from fastload._lifetime.interrupts import signals_held
 from fastload._loading import reaping
@@ -54,7 +52,8 @@ from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._loading.wire.messages import STOP_BYTES, indirect_task
 from fastload._loading.wire.picklers import dumps_task
 from fastload._loading.worker_loop import worker_loop
-from fastload._ring import Segment, unlink_name
+from fastload._ring import Segment
+from fastload._ring.segments import write_message
 
 try:
     from fcntl import fcntl
@@ -144,13 +143,13 @@ class WorkerPool:
         self._worker_of_fd: dict[int, int] = {}
         self._process_of_fd: dict[int, Any] = {}
         self._ring_prefix = ring_prefix
-        self._message_names: list[str] = []
+        self._messages: list[Segment] = []  # tasks too large for a pipe, until read
+        self._messages_sent = 0
         # How long shutdown lets a busy worker finish the batch in hand.
         self.exit_grace = reaping.JOIN_GRACE
         # ``inherited_slots`` (fork only): ring slots the workers write through
         # the mappings they inherit (NOTE [ Slots that outlive an epoch ]).
-        self._args = (num_workers, payload, base_seed, os.getpid(), ring_prefix,
-                      inherited_slots or {})
+        self._args = (num_workers, payload, base_seed, os.getpid(), inherited_slots or {})
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
         self._task_fds: list[int] = []
@@ -189,7 +188,7 @@ class WorkerPool:
             self._start_workers()
 
     def _start_workers(self) -> None:
-        num_workers, payload, base_seed, parent_pid, ring_prefix, inherited_slots = self._args
+        num_workers, payload, base_seed, parent_pid, inherited_slots = self._args
         reaping.reap_exiting()
         # A forked worker's garbage collector walks every object it inherited,
         # writing to their pages, so each worker would copy much of the parent's
@@ -209,7 +208,7 @@ class WorkerPool:
                 process = self.context.Process(
                     target=worker_loop,
                     args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
-                          parent_pid, ring_prefix, inherited_slots),
+                          parent_pid, inherited_slots),
                     daemon=True,
                 )
                 # Listed before it starts: an exception raised while it starts
@@ -259,12 +258,14 @@ class WorkerPool:
             data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) <= self._max_task_bytes:
             return data
-        # Too big for the pipe's share: hand it over in shared memory.
-        name = f"{self._ring_prefix}m{len(self._message_names)}"
-        segment = Segment(name, len(data), create=True)
-        segment.array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
-        self._message_names.append(name)
-        return pickle.dumps(indirect_task(name, len(data)), protocol=pickle.HIGHEST_PROTOCOL)
+        # Too big for the pipe's share: hand it over in a memory file, kept
+        # (open) until its worker has read and emptied it.
+        self._messages = [segment for segment in self._messages if segment.file_size() > 0]
+        segment = write_message(f"{self._ring_prefix}m{self._messages_sent}", data)
+        self._messages_sent += 1
+        self._messages.append(segment)
+        return pickle.dumps(indirect_task(segment.name, len(data)),
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     def send(self, worker_id: int, message: Any, may_hold_tensors: bool = False) -> None:
         self._send_bytes(worker_id, self._pack(message, may_hold_tensors))
@@ -398,8 +399,8 @@ class WorkerPool:
         exit on their own, so the caller's ``StopIteration`` does not wait for
         processes to tear down; ``reaping.reap_exiting`` collects them later,
         and stops any that outstay ``reaping.JOIN_GRACE``.  Only idle workers may be left
-        so: a busy one could still be writing a slot the caller is about to
-        unlink.  A Ctrl-C ends the wait for busy workers (they are then
+        so: a busy one could still be writing a slot the ring is about to
+        let go of.  A Ctrl-C ends the wait for busy workers (they are then
         terminated) and is raised once all is torn down.
         """
         if self._closed:
@@ -437,5 +438,6 @@ class WorkerPool:
                 for conn in connections:
                     pipe_ends.close(conn)
                 del connections, processes
-                for name in self._message_names:
-                    unlink_name(name)  # a worker that died before reading it
+                for segment in self._messages:
+                    segment.unlink()  # a worker that died before reading it
+                self._messages = []

@@ -201,8 +201,8 @@ def reap(processes: list, grace: float, interrupted: list) -> None:
     """Join workers that were asked to exit; after ``grace`` seconds, or as soon
     as ``interrupted`` holds a Ctrl-C, terminate, then kill, the ones that have not.
 
-    (A worker left running could create a slot's segment after the ring
-    unlinked its names: even at a Ctrl-C they are stopped, not abandoned.)
+    (A worker left running would go on writing slots nobody reads: even at a
+    Ctrl-C they are stopped, not abandoned.)
     """
     deadline = time.monotonic() + grace
     for process in list(processes):  # a nested reap_exiting may shorten the list
@@ -215,10 +215,9 @@ def reap(processes: list, grace: float, interrupted: list) -> None:
 def stop(processes: list) -> None:
     """Kill the workers still alive; each wait bounded.
 
-    SIGKILL, not torch's SIGTERM: a worker at SIGTERM's default action dies
-    just the same, but fastload's workers take SIGTERM over to tell whether
-    the main process is being terminated with them (see
-    ``parent_watch.unlink_ring_when_terminated``), which would only slow this down.
+    SIGKILL, not torch's SIGTERM: a worker dies of either (its SIGTERM is at
+    the default action, ``parent_watch.die_of_sigterm``), but a
+    ``worker_init_fn`` may have installed a handler of its own.
     """
     for process in list(processes):
         if running(process):

@@ -1,4 +1,4 @@
-"""An iterator's teardown: stop its workers, then unlink its ring, exactly once.
+"""An iterator's teardown: stop its workers, then close its ring, exactly once.
 
 The teardown holds the pool and the ring, never the iterator, so it runs on
 ``shutdown()``, when the iterator is collected (even inside a reference
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 from fastload._lifetime.hooks import arm_exit_in_this_process, at_exit
 from fastload._lifetime.interrupts import signals_deferred
-from fastload._ring import unlink_prefixed
 
 __all__ = ["tear_down_when_gone", "finish_cut_short_teardowns"]
 
@@ -25,7 +24,7 @@ __all__ = ["tear_down_when_gone", "finish_cut_short_teardowns"]
 _teardowns_due: dict[Any, tuple[int, Any, Any]] = {}
 
 
-def _stop_then_unlink(pool: Any, unlink: Callable[[], None]) -> None:
+def _stop_then_close(pool: Any, ring: Any) -> None:
     # Often run as a finalizer, where CPython would print and drop a
     # KeyboardInterrupt: a signal the caller handles that arrives meanwhile is
     # sent again after it (NOTE [ Every handler held over teardown ]).
@@ -33,27 +32,27 @@ def _stop_then_unlink(pool: Any, unlink: Callable[[], None]) -> None:
         try:
             pool.shutdown()  # bounded waits for the workers
         finally:
-            unlink()
+            ring.close()
 
 
-def release_workers_and_ring(owner_pid: int, pool: Any, ring: Any, tasks: dict) -> None:
-    """Stop the workers, then unlink every segment (also the ones a worker was regrowing).
+def release_workers_and_ring(owner_pid: int, pool: Any, ring: Any) -> None:
+    """Stop the workers, then close the ring (POSIX segments: unlink their names).
 
     A process forked by the caller (``os.fork()``) inherits the finalizer and
-    runs it at its own exit; the workers and the segments are still the
-    owner's then, in use, so it leaves them alone.
+    runs it at its own exit; the workers and the ring are still the owner's
+    then, in use, so it leaves them alone.
     """
     if os.getpid() != owner_pid:
         return
-    _stop_then_unlink(pool, lambda: ring.close([slot for _, slot in tasks.values()]))
+    _stop_then_close(pool, ring)
     _teardowns_due.pop(ring, None)
 
 
-def tear_down_when_gone(owner: Any, pool: Any, ring: Any, tasks: dict) -> weakref.finalize:
+def tear_down_when_gone(owner: Any, pool: Any, ring: Any) -> weakref.finalize:
     """The finalizer that tears ``owner``'s workers and ring down (call it to do so now)."""
     finish_cut_short_teardowns()
     owner_pid = os.getpid()
-    finalizer = weakref.finalize(owner, release_workers_and_ring, owner_pid, pool, ring, tasks)
+    finalizer = weakref.finalize(owner, release_workers_and_ring, owner_pid, pool, ring)
     _teardowns_due[ring] = (owner_pid, finalizer, pool)
     arm_exit_in_this_process()
     return finalizer
@@ -63,7 +62,7 @@ def finish_cut_short_teardowns() -> None:
     for ring, (owner_pid, finalizer, pool) in list(_teardowns_due.items()):
         if owner_pid == os.getpid() and not finalizer.alive:
             _teardowns_due.pop(ring, None)
-            _stop_then_unlink(pool, lambda: unlink_prefixed(ring.prefix))
+            _stop_then_close(pool, ring)
 
 
 def _tear_down_as_multiprocessing_exits() -> None:

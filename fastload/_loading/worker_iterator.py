@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from fastload.dataset_state import WorkerSnapshots, is_stateful, warn_of_replay
-from fastload._ring import Ring, near_open_file_limit, too_many_open_files
+from fastload._ring import Ring, near_open_file_limit, too_many_open_files, uses_memfd
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
 from fastload._lifetime.weak_registry import WeakRegistry
@@ -28,6 +28,7 @@ from fastload._loading.iterators import _BaseIter
 from fastload._loading.pool import WorkerPool
 from fastload._loading.reaping import running, show_workers, shown_workers
 from fastload._loading.settings import LoaderSettings
+from fastload._loading.copy_on_read import warn_of_large_containers
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
@@ -77,7 +78,7 @@ def _disown_inherited_iterators() -> None:
     as a child of torch's loader does.  So the copy is closed: ``next()`` on
     it raises, and a persistent loader's ``iter()`` starts workers of the
     child's own.  Its teardown, when dropped, leaves the parent's workers and
-    segments alone (``teardown.release_workers_and_ring``).
+    ring alone (``teardown.release_workers_and_ring``).
     """
     for iterator in _worker_iterators.live():
         iterator.closed = True
@@ -109,7 +110,8 @@ class _MultiProcessIter(_BaseIter):
         self._batch_size = settings.batch.batch_size
         # New workers every epoch, forked: they can write into the slots the
         # last epoch left, through the mappings they inherit.
-        self._spares = settings.spare_slots if method == "fork" and not self._persistent else None
+        self._spares = settings.spare_slots \
+            if method == "fork" and not self._persistent and uses_memfd() else None
         self._ring = Ring(in_flight=self._num_workers * self._prefetch,
                           spares=self._spares.take() if self._spares is not None else ())
         self._tasks: dict[int, tuple[int, int]] = {}     # batch_no -> (worker, slot)
@@ -117,13 +119,14 @@ class _MultiProcessIter(_BaseIter):
         named = [("dataset", settings.dataset), ("batch settings and collate_fn", settings.batch),
                  ("worker_init_fn", settings.worker_init_fn)]
         payload: Any = tuple(obj for _, obj in named)
+        warn_of_large_containers(settings.dataset, method)
         if method != "fork":
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
         self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
         self.owner_pid = os.getpid()
-        self._finalizer = tear_down_when_gone(self, self._pool, self._ring, self._tasks)
+        self._finalizer = tear_down_when_gone(self, self._pool, self._ring)
         _worker_iterators.add(self)
         self._workers_key = show_workers(self)
         try:
@@ -290,7 +293,11 @@ class _MultiProcessIter(_BaseIter):
             return
         for slot_id, name in self._ring.take_retired():
             self._pool.broadcast(retire_task(slot_id, name))
-        slot = self._ring.acquire(worker)
+        try:
+            slot = self._ring.acquire(worker)  # may make a slot's file: the open-file limit
+        except Exception:
+            self.shutdown()
+            raise
         batch_no = self._next_batch_no
         self._next_batch_no += 1
         self._tasks[batch_no] = (worker, slot.slot_id)
@@ -456,7 +463,7 @@ class _MultiProcessIter(_BaseIter):
     # -- teardown ------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop the workers and unlink every segment; held batches stay valid."""
+        """Stop the workers and close the ring; held batches stay valid."""
         self.closed = True
         self._finalizer()
 

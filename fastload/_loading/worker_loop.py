@@ -2,9 +2,8 @@
 
 What travels on the two pipes is listed in ``wire/messages.py``.  A worker
 also exits by itself when the main process dies (it watches for that, see
-``parent_watch.py``), and then unlinks every segment of its ring, so a killed
-main process leaves neither an orphan nor a segment behind; so does a worker
-terminated with the main process (``unlink_ring_when_terminated``).
+``parent_watch.py``), so a killed main process leaves no orphan behind; the
+ring's files are anonymous, and go with the last process that maps them.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from fastload.dataset_state import is_stateful, restore_copy, snapshot
-from fastload._ring import Segment, SlotInfo, SlotWriter, unlink_prefixed
+from fastload._ring import Segment, SlotInfo, SlotWriter
+from fastload._ring.segments import read_and_discard
 from fastload._lifetime import pipe_ends
 from fastload._lifetime.interrupts import restore_callers_handlers
 from fastload._loading.errors import ExceptionWrapper
 from fastload._loading.fetch import BatchSource
-from fastload._loading.parent_watch import LIVENESS_INTERVAL, ORPHAN_GRACE, ParentWatch, \
-    unlink_ring_when_terminated
+from fastload._loading.parent_watch import LIVENESS_INTERVAL, ParentWatch, die_of_sigterm
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._loading.wire.layouts import LayoutSender
 from fastload._loading.wire.messages import BATCH, BATCH_NO, CREATED, EPOCH, INDIRECT, KIND, \
@@ -41,36 +40,20 @@ _STOP_CHECK_AGE = 0.002
 
 
 def worker_loop(worker_id: int, num_workers: int, payload: Any, task_conn: Any,
-                result_conn: Any, base_seed: int, parent_pid: int, ring_prefix: str,
+                result_conn: Any, base_seed: int, parent_pid: int,
                 inherited_slots: dict[int, Segment] | None = None) -> None:
     """Entry point of a worker process (``payload`` is pickled bytes under spawn,
-    see ``wire/payload.py``).
-
-    ``ring_prefix`` names every segment of this iterator's ring: if the main
-    process dies, the worker unlinks them on its way out.  ``inherited_slots``
-    (fork only): slots whose mappings came with the fork (see ``SlotWriter``).
+    see ``wire/payload.py``).  ``inherited_slots`` (fork only): slots whose
+    mappings came with the fork (see ``SlotWriter``).
     """
-    restore_callers_handlers()  # before the SIGTERM/SIGHUP take-over looks at them
+    restore_callers_handlers()  # before the SIGTERM take-over looks at them
     pipe_ends.let_go_of_inherited((task_conn.fileno(), result_conn.fileno()))
     parent = ParentWatch(parent_pid)
-    unlink_ring_when_terminated(parent, ring_prefix)
-    orphaned = True
+    die_of_sigterm()
     try:
-        orphaned = _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed,
-                          parent, inherited_slots)
-    except BaseException:
-        # The caller's code ended this worker (``sys.exit()`` in a dataset, say):
-        # it dies as torch's would, and the main process reports the exit.
-        orphaned = parent.gone()
-        raise
+        _serve(worker_id, num_workers, payload, task_conn, result_conn, base_seed, parent,
+               inherited_slots)
     finally:
-        # A killed main process closes its pipe ends before the kernel reports
-        # it gone, so a worker that lost its pipes waits (briefly) to be sure.
-        if orphaned and parent.wait_gone(ORPHAN_GRACE):
-            # Nobody else will: the main process unlinks the ring when it ends
-            # normally, but it was killed.  Every worker does this as it exits,
-            # so a segment one of them created late is not missed.
-            unlink_prefixed(ring_prefix)
         parent.close()
 
 
@@ -210,12 +193,9 @@ class _Pipes:
 def _decode_task(data: bytes) -> Any:
     message = pickle.loads(data)
     if message is not STOP and message[KIND] == INDIRECT:
-        # A task too large for the pipe: it waits in shared memory (see pool.py).
+        # A task too large for the pipe: it waits in a memory file (see pool.py).
         _, name, size = message
-        segment = Segment(name)
-        data = segment.array[:size].tobytes()
-        segment.unlink()
-        message = pickle.loads(data)
+        message = pickle.loads(read_and_discard(name, size))
     return message
 
 
@@ -338,9 +318,9 @@ class _Worker:
             error = None if self.source.iterable else ExceptionWrapper(where)
         except Exception:
             error = ExceptionWrapper(where)
-        # The created segment is reported even for a failed batch, so the main
-        # process adopts (and later unlinks) it.
-        created = allocation.created_name
+        # A grown slot is reported even for a failed batch, so the main
+        # process maps it whole.
+        created = allocation.created
         if error is not None:
             reply = failed_reply(batch_no, slot_id, created, error)
         elif layout is None:

@@ -10,7 +10,7 @@ batch intact whatever the parent does next.  A slot, though, comes back to
 the ring when the parent drops its last view, and a worker would write the
 next batch over the one the child is reading.  So at every fork the slots the
 caller holds are marked, and one that comes back is retired instead
-(unlinked, unmapped here, dropped by the workers, never written again: the
+(let go of, unmapped here, dropped by the workers, never written again: the
 child's mapping keeps its pages), nor kept for the next epoch; a new slot
 takes its place when one is needed.  A loader forking its own workers leaves
 its own slots alone (its workers never read its batches: the loop's last

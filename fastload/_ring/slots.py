@@ -2,15 +2,16 @@
 circulation while the caller holds its batch.
 
 NOTE [ Why one segment per slot ]
-A slot is one POSIX shared-memory segment, created once and reused for batch
-after batch; the ring preallocates nothing it cannot size (the batch layout is
-known only once a worker has collated the first batch), so a slot starts
-empty and the worker that first fills it creates its segment at the size the
-batch needs.  A batch that no longer fits (variable shapes, promotion) makes
-the worker create the slot's next *generation*, with headroom; the main
-process then unlinks the old one.  Names are chosen by the main process
-(``<prefix>s<slot>g<generation>``), so it can unlink a generation a worker
-created even when that worker died before saying so.
+A slot is one file (NOTE [ Anonymous memory files ] in segments.py), created
+once and reused for batch after batch.  The ring preallocates nothing it
+cannot size (the batch layout is known only once a worker has collated the
+first batch): the main process creates a slot's file empty, and the worker
+that first fills it grows it to the size the batch needs and reports that
+size, which the main process then maps.  A batch that no longer fits
+(variable shapes, promotion) makes the worker grow the same file, with
+headroom: a slot is only ever written while nobody holds a view of it, so
+its old mapping has no reader left, and a file sealed against shrinking
+never takes pages from under a mapping.
 
 NOTE [ Leases ]
 The main process hands out numpy views of a slot.  Their base is a
@@ -25,7 +26,7 @@ would drop the KeyboardInterrupt (see NOTE [ Ctrl-C held over fork and
 teardown ] in _lifetime/interrupts.py).  A caller that holds every batch of
 an epoch makes the ring grow: it holds at most ``in_flight`` slots that
 workers may write, plus one per batch the caller still holds -- the same
-memory those batches need anyway.  Free slots beyond ``in_flight`` + 2 are unlinked as they come
+memory those batches need anyway.  Free slots beyond ``in_flight`` + 2 are retired as they come
 back, so memory follows what is held.
 """
 
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import collections
 import operator
+import os
+import secrets
 import weakref
 from typing import TYPE_CHECKING, Sequence
 
@@ -41,31 +44,37 @@ import numpy as np
 from fastload._core import lease_array
 from fastload._ring import fork_marks
 from fastload._ring.fork_marks import holders_of_slots
-from fastload._ring.segments import Segment, check_room_for_slots, new_prefix, unlink_name
+from fastload._ring.room import check_room_for_slots
+from fastload._ring.segments import Segment, uses_memfd
 
 if TYPE_CHECKING:
     from fastload._ring.spares import SpareSlots
 
-__all__ = ["Ring", "SlotInfo", "SlotLease"]
+__all__ = ["Ring", "SlotInfo", "SlotLease", "new_prefix"]
 
 # Free slots kept beyond those in flight: a loop holds the batch it works on
 # (and often the previous one) while the next are prefetched, so a ring of
 # in_flight + 2 slots is the steady state; retiring below that would create
-# and unlink segments every epoch.
+# and drop slot files every epoch.
 _KEPT_SPARE_SLOTS = 2
 
 
-class SlotInfo(tuple):
-    """What a worker needs to know of a slot: ``(slot_id, name, capacity, next_name)``.
+def new_prefix() -> str:
+    """A unique label prefix for one ring's slot files; every fastload one starts with ``fl_``."""
+    return f"fl_{os.getpid()}_{secrets.token_hex(4)}_"
 
-    ``name`` is None while the slot has no segment yet; ``next_name`` is the
-    name the worker must use if it has to create (or regrow) the segment.
+
+class SlotInfo(tuple):
+    """What a worker needs to know of a slot: ``(slot_id, name, capacity)``.
+
+    ``name`` is the handle of the slot's file (``Segment.attach``);
+    ``capacity`` the bytes the main process has mapped, 0 while it is empty.
     """
 
     __slots__ = ()
 
-    def __new__(cls, slot_id: int, name: str | None, capacity: int, next_name: str):
-        return tuple.__new__(cls, (slot_id, name, capacity, next_name))
+    def __new__(cls, slot_id: int, name: str, capacity: int):
+        return tuple.__new__(cls, (slot_id, name, capacity))
 
     def __getnewargs__(self):
         return tuple(self)
@@ -74,7 +83,6 @@ class SlotInfo(tuple):
     slot_id = property(operator.itemgetter(0))
     name = property(operator.itemgetter(1))
     capacity = property(operator.itemgetter(2))
-    next_name = property(operator.itemgetter(3))
 
 
 class SlotLease:
@@ -101,20 +109,19 @@ class SlotLease:
 
 
 class _Slot:
-    __slots__ = ("segment", "generation", "info", "writer")
+    __slots__ = ("segment", "info", "writer")
 
-    def __init__(self) -> None:
-        self.segment: Segment | None = None
-        self.generation = 0
-        self.info: SlotInfo | None = None  # made on first use, until the segment changes
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        self.info: SlotInfo | None = None  # made on first use, until the slot grows
         self.writer = -1                   # the worker that last got it
 
 
 class Ring:
     """The main process's side of the ring: which slots exist, which are free.
 
-    Only the main process allocates slot ids and unlinks segments; workers
-    create segments under names the ring chose (see ``SlotWriter`` in writer.py).
+    Only the main process allocates slot ids and creates slot files; workers
+    grow them (see ``SlotWriter`` in writer.py).
     """
 
     def __init__(self, in_flight: int, prefix: str | None = None,
@@ -128,9 +135,7 @@ class Ring:
         # get them as ``inherited``.
         self.inherited: dict[int, Segment] = {}
         for slot_id, segment in enumerate(spares[:self.in_flight + _KEPT_SPARE_SLOTS]):
-            slot = _Slot()
-            slot.segment = segment
-            self._slots[slot_id] = slot
+            self._slots[slot_id] = _Slot(segment)
             self._free.append(slot_id)
             self.inherited[slot_id] = segment
         # Slots given back by ``release``.
@@ -149,8 +154,8 @@ class Ring:
         self._space_checked = False
         self.closed = False
 
-    def _name(self, slot_id: int, generation: int) -> str:
-        return f"{self.prefix}s{slot_id}g{generation}"
+    def _name(self, slot_id: int) -> str:
+        return f"{self.prefix}s{slot_id}"
 
     # -- slot circulation ----------------------------------------------------
 
@@ -172,17 +177,15 @@ class Ring:
                 slot_id = free.popleft()
         else:
             slot_id = self._next_id
+            self._slots[slot_id] = _Slot(Segment.create(self._name(slot_id)))
             self._next_id += 1
-            self._slots[slot_id] = _Slot()
         self._slots[slot_id].writer = writer
         return self.info(slot_id)
 
     def info(self, slot_id: int) -> SlotInfo:
         slot = self._slots[slot_id]
         if slot.info is None:
-            name = slot.segment.name if slot.segment is not None else None
-            capacity = slot.segment.size if slot.segment is not None else 0
-            slot.info = SlotInfo(slot_id, name, capacity, self._name(slot_id, slot.generation + 1))
+            slot.info = SlotInfo(slot_id, slot.segment.name, slot.segment.size)
         return slot.info
 
     def release(self, slot_id: int) -> None:
@@ -208,13 +211,13 @@ class Ring:
                 self._free.append(slot_id)
 
     def _retire(self, slot_id: int) -> None:
-        slot = self._slots.pop(slot_id)
-        if slot.segment is not None:
-            slot.segment.unlink()
-            self._retired.append((slot_id, slot.segment.name))
+        segment = self._slots.pop(slot_id).segment
+        segment.unlink()
+        segment.close()  # no worker will open it again: its mappings live on
+        self._retired.append((slot_id, segment.name))
 
     def take_retired(self) -> list[tuple[int, str]]:
-        """Slots unlinked since the last call: workers should drop their mappings."""
+        """Slots retired since the last call: workers should drop their mappings."""
         retired, self._retired = self._retired, []
         return retired
 
@@ -228,19 +231,16 @@ class Ring:
         ones the caller still holds when their last view dies.
 
         Only once no worker writes a slot any more (every task answered), and
-        before ``close()``, which unlinks their names as usual: the mappings
-        stay valid, and the next ring (whose workers are forked from this
-        process) uses them as they are.
+        before ``close()``: the spares keep the files open, and the next ring
+        (whose workers are forked from this process) uses them as they are.
         """
         self.collect()
-        segments = [self._slots[slot_id].segment for slot_id in self._free]
-        spares.put([segment for segment in segments if segment is not None])
+        spares.put([self._slots[slot_id].segment for slot_id in self._free])
         with fork_marks.marks_lock:  # no fork marks the ring or the spares halfway
             # The latest batches first: the spares take what fits in SPARE_BYTES.
             held = {lease: self._slots[slot_id].segment
                     for lease, slot_id in reversed(self._lease_slots.items())
-                    if self._slots[slot_id].segment is not None
-                    and slot_id not in self._held_at_fork}
+                    if slot_id not in self._held_at_fork}
             # Those leases' references land in this deque when they die: it is the spares' now.
             spares.await_leases(self._dead_leases, held)
             # A fork in between (a signal handler of this thread's: the lock
@@ -252,28 +252,26 @@ class Ring:
 
     # -- filled slots --------------------------------------------------------
 
-    def adopt(self, slot_id: int, name: str) -> None:
-        """A worker created generation ``name`` of a slot: map it, unlink the old one
+    def adopt(self, slot_id: int, size: int) -> None:
+        """A worker grew a slot's file to ``size`` bytes: map that much here
         (NOTE [ Why one segment per slot ])."""
-        slot = self._slots[slot_id]
-        if slot.segment is not None and slot.segment.name == name:
+        slot = self._slots.get(slot_id)
+        if slot is None or slot.segment.size >= size:
             return
-        new_segment = Segment(name)
-        if slot.segment is not None:
-            slot.segment.unlink()
-        slot.segment = new_segment
-        slot.generation += 1
+        slot.segment.map(size)
         slot.info = None
         if not self._space_checked:
             # The first batch tells how big a slot is: check now that the whole ring fits.
             self._space_checked = True
-            slots_made = sum(1 for s in self._slots.values() if s.segment is not None)
-            check_room_for_slots(self.in_flight - slots_made, new_segment.size, self.in_flight)
+            slots_made = sum(1 for s in self._slots.values() if s.segment.size > 0)
+            check_room_for_slots(self.in_flight - slots_made, size, self.in_flight,
+                                 posix=not uses_memfd())
 
     def lease(self, slot_id: int) -> np.ndarray:
         """The slot's bytes as a uint8 array whose base is a fresh ``SlotLease``."""
         segment = self._slots[slot_id].segment
-        if segment is None:
+        if segment.size == 0:  # a batch without arrays: nothing to hold the slot for
+            self.release(slot_id)
             return np.empty(0, dtype=np.uint8)
         with fork_marks.marks_lock:  # made before a fork's marks, or after its end
             lease = SlotLease(segment, slot_id)
@@ -282,22 +280,15 @@ class Ring:
 
     # -- teardown ------------------------------------------------------------
 
-    def close(self, in_flight_ids: list[int] = ()) -> None:
-        """Unlink every segment (views the caller holds stay valid).
-
-        ``in_flight_ids`` are slots a worker may have been regrowing: their
-        next generation is unlinked too, in case the worker died before
-        reporting it.
-        """
+    def close(self) -> None:
+        """Let go of every slot: POSIX names are unlinked, and a file closes with
+        the last holder of its segment (views the caller holds stay valid, and
+        the spares keep theirs open for the next epoch's workers)."""
         if self.closed:
             return
         self.closed = True
-        for slot_id in in_flight_ids:
-            if slot_id in self._slots:
-                unlink_name(self._name(slot_id, self._slots[slot_id].generation + 1))
         for slot in self._slots.values():
-            if slot.segment is not None:
-                slot.segment.unlink()
+            slot.segment.unlink()
         self._slots.clear()
         self._free.clear()
         self.inherited = {}

@@ -8,13 +8,13 @@ batch.  A forked worker inherits the main process's mappings, so under fork
 an epoch's ring leaves its slots to the next one's (``Ring.hand_over``, into
 the loader's ``SpareSlots``): the free ones at once, one the caller still
 holds when its last view dies.  The next epoch's workers write through the
-mappings they inherited (``SlotWriter``'s ``inherited``): no segment is made
-or opened.  Names are unlinked with the rest of the ring, as always, so
-nothing is left in /dev/shm between epochs and a main process killed then
-frees the slots with its address space (which is why the slots themselves,
-not their names, are carried over).  At most ``SPARE_BYTES`` are kept, so a
-loader between two epochs holds little (torch's holds nothing).  Under spawn
-or forkserver a worker has nothing to inherit: every epoch makes its own.
+mappings they inherited (``SlotWriter``'s ``inherited``): no file is made
+or opened.  The files are anonymous (NOTE [ Anonymous memory files ] in
+segments.py), so a main process killed between epochs frees them with its
+address space.  At most ``SPARE_BYTES`` are kept, so a loader between two
+epochs holds little (torch's holds nothing).  Under spawn or forkserver a
+worker has nothing to inherit: every epoch makes its own; nor are slots kept
+with POSIX segments, whose names go with their ring.
 """
 
 from __future__ import annotations

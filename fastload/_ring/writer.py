@@ -17,17 +17,17 @@ _GROWTH_HEADROOM = 4  # a regrown slot gets 1/4 more than asked, so shapes that 
 
 
 class SlotWriter:
-    """A worker's side of the ring: map slots by name, create or regrow them on demand.
+    """A worker's side of the ring: map slots by handle, grow them on demand.
 
     ``inherited``: slots whose mapping a forked worker inherited from the main
-    process (their names are gone), by slot id.
+    process, by slot id.
     """
 
     def __init__(self, inherited: dict[int, Segment] | None = None) -> None:
         self._mapped: dict[int, Segment] = dict(inherited or {})
         # Inherited mappings have no page mapped in this process yet.
         self._to_prefault: set[int] = set(self._mapped)
-        # The most bytes a batch of this worker has needed: a slot made or regrown
+        # The most bytes a batch of this worker has needed: a slot filled or grown
         # gets at least that, so batches of varying size (padded ones) settle all
         # slots at the largest instead of regrowing each slot record by record.
         self.largest = 0
@@ -51,41 +51,34 @@ class SlotWriter:
 class _TaskAllocation:
     """The ``allocate`` callback for one task: returns the slot's bytes, big enough.
 
-    Records whether it created the slot's next generation, which the worker
-    reports (even when the task then fails) so the main process adopts or
-    unlinks it.
+    Records the size it grew the slot's file to, which the worker reports
+    (even when the task then fails) so the main process maps that much.
     """
+
+    __slots__ = ("writer", "info", "created")
 
     def __init__(self, writer: SlotWriter, info: SlotInfo) -> None:
         self.writer = writer
         self.info = info
-        self.created: Segment | None = None
+        self.created: int | None = None  # the size this task grew the file to
 
     def __call__(self, nbytes: int) -> np.ndarray:
-        info = self.info
-        if self.created is not None:
-            if self.created.size >= nbytes:
-                return self.created.array
-            self.created.unlink()  # outgrown within one task (promotion): make it again
-            self.created = None
-        elif info.name is not None and info.capacity >= nbytes:
-            writer = self.writer
-            segment = writer._mapped.get(info.slot_id)
-            if segment is None or segment.name != info.name:
-                segment = writer._map(info.slot_id, Segment(info.name, populate=True))
-            elif writer._to_prefault and info.slot_id in writer._to_prefault:
-                writer._to_prefault.discard(info.slot_id)
+        info, writer = self.info, self.writer
+        slot_id = info.slot_id
+        segment = writer._mapped.get(slot_id)
+        if segment is not None and segment.name != info.name:
+            segment = None  # a mapping of a slot retired since
+        capacity = info.capacity if self.created is None else self.created
+        if nbytes <= capacity:
+            if segment is None or segment.size < capacity:
+                segment = writer._map(slot_id, Segment.attach(info.name, capacity, populate=True))
+            elif writer._to_prefault and slot_id in writer._to_prefault:
+                writer._to_prefault.discard(slot_id)
                 segment.prefault()
             return segment.array
-        writer = self.writer
         writer.largest = max(writer.largest, nbytes)
-        size = writer.largest if info.name is None \
+        size = writer.largest if capacity == 0 \
             else writer.largest + writer.largest // _GROWTH_HEADROOM
         size = max(_PAGE, (size + _PAGE - 1) // _PAGE * _PAGE)
-        self.created = writer._map(info.slot_id,
-                                   Segment(info.next_name, size, create=True, populate=True))
-        return self.created.array
-
-    @property
-    def created_name(self) -> str | None:
-        return self.created.name if self.created is not None else None
+        self.created = size
+        return writer._map(slot_id, Segment.attach(info.name, size, populate=True)).array

@@ -20,7 +20,8 @@ import pytest
 import fastload as fl
 from fastload import _core
 from fastload._ring import (Ring, Segment, SharedMemoryError, SlotInfo, SlotLease, SlotWriter,
-                            SpareSlots, new_prefix, unlink_name)
+                            SpareSlots, new_prefix)
+from fastload._ring import room as room_module
 from fastload._ring import fork_marks
 from fastload._ring import segments as segments_module
 from fastload._ring import spares as spares_module
@@ -34,6 +35,13 @@ def _exists(name: str) -> bool:
     return os.path.exists(os.path.join("/dev/shm", name))
 
 
+def _unlink(name: str) -> None:
+    try:
+        segments_module._posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
 @pytest.fixture
 def prefix():
     """A fresh ring prefix; anything left under it is unlinked (and reported) afterwards."""
@@ -41,67 +49,121 @@ def prefix():
     yield p
     left = sorted(n for n in shm_entries() if n.startswith(p))
     for name in left:
-        unlink_name(name)
+        _unlink(name)
     assert not left, f"test left segments {left}"
+
+
+@pytest.fixture(params=["memfd", "posix"])
+def backend(request, monkeypatch):
+    """Each kind of slot file: anonymous memory files, and the POSIX fallback."""
+    if request.param == "memfd" and not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create on this platform")
+    monkeypatch.setattr(segments_module, "USES_MEMFD", request.param == "memfd")
+    return request.param
+
+
+def _segment(name: str, size: int) -> Segment:
+    """A slot file of ``size`` bytes, mapped in this process, as the main process has it
+    (a POSIX one unlinked already, as a closed ring leaves its slots)."""
+    segment = Segment.create(name)
+    Segment.attach(segment.name, size)
+    segment.map(size)
+    segment.unlink()
+    return segment
+
+
+# Slots are kept between epochs only as memory files (a POSIX segment's name
+# goes with its ring): FASTLOAD_RING=posix runs skip what tests keeping them.
+memfd_only = pytest.mark.skipif(not segments_module.USES_MEMFD,
+                                reason="spare slots are kept only as memory files")
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 # ---------------------------------------------------------------------------
 # Segment
 # ---------------------------------------------------------------------------
 
-def test_segment_create_attach_unlink(prefix):
+def test_segment_create_attach_grow(prefix, backend):
     name = prefix + "seg"
-    created = Segment(name, 10_000, create=True)
-    assert created.size == 10_000 and created.array.shape == (10_000,)
-    assert _exists(name)
-    created.array[:5] = [1, 2, 3, 4, 5]
-    attached = Segment(name)
-    assert attached.size == 10_000
-    assert attached.array[:5].tolist() == [1, 2, 3, 4, 5]
-    attached.array[9_999] = 77  # the same memory, both ways
-    assert created.array[9_999] == 77
-    with pytest.raises(FileExistsError):
-        Segment(name, 10, create=True)
+    created = Segment.create(name)
+    assert created.size == 0 and created.array.shape == (0,)
+    if backend == "memfd":
+        assert created.name == f"/proc/{os.getpid()}/fd/{created.fd}" and not _exists(name)
+    else:
+        assert created.name == name and _exists(name)
+    attached = Segment.attach(created.name, 10_000)  # a worker sizes it
+    assert attached.fd is None, "a worker keeps no descriptor of a slot it mapped"
+    assert created.file_size() == 10_000
+    created.map(10_000)
+    attached.array[:5] = [1, 2, 3, 4, 5]
+    assert created.array[:5].tolist() == [1, 2, 3, 4, 5]  # the same memory, both ways
+    created.array[9_999] = 77
+    assert attached.array[9_999] == 77
+    # Growing keeps the bytes, and the smaller mappings stay valid.
+    grown = Segment.attach(created.name, 50_000)
+    assert created.file_size() == 50_000 and grown.array[9_999] == 77
+    grown.array[0] = 9
+    assert attached.array[0] == 9 and created.array[0] == 9
+    if backend == "memfd":
+        with pytest.raises(PermissionError):  # sealed: no mapping can lose its pages
+            os.ftruncate(created.fd, 0)
     created.unlink()
-    assert not _exists(name)
     created.unlink()  # idempotent
-    attached.unlink()
-    # The mappings outlive the name.
-    created.array[0] = 9
-    assert attached.array[0] == 9
-    with pytest.raises(FileNotFoundError):
-        Segment(name)
+    assert not _exists(name)
+    created.close()
+    created.array[1] = 8  # the mappings outlive the file's descriptor and name
+    assert attached.array[1] == 8
 
 
-def test_segment_reserves_its_pages(prefix):
-    """posix_fallocate: the pages exist at once (a tmpfs file is otherwise sparse)."""
-    name = prefix + "reserved"
+def test_segment_reserves_its_pages(prefix, backend):
+    """posix_fallocate: the pages exist at once (a memory file is otherwise sparse)."""
     size = 3 * 2**20 + 123
-    segment = Segment(name, size, create=True)
+    segment = Segment.create(prefix + "reserved")
     try:
-        st = os.stat(os.path.join("/dev/shm", name))
+        Segment.attach(segment.name, size)
+        st = os.fstat(segment.fd)
         assert st.st_size == size
         assert st.st_blocks * 512 >= size, "segment pages were not reserved"
     finally:
         segment.unlink()
 
 
-def test_segment_whose_mapping_fails_leaves_no_name(prefix, monkeypatch):
-    # Created, reserved, then the mmap fails (address space, descriptors):
-    # nobody else knows the name yet, so the constructor unlinks it.
+def test_segment_whose_mapping_fails_closes_its_file(prefix, backend, monkeypatch):
+    segment = Segment.create(prefix + "unmapped")
+
     def no_mapping(*args, **kwargs):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(segments_module.mmap, "mmap", no_mapping)
+    monkeypatch.setattr(segments_module, "_Mapping", no_mapping)
+    before = _open_fds()
     with pytest.raises(OSError, match="Cannot allocate memory"):
-        Segment(prefix + "unmapped", 4096, create=True)
-    assert not _exists(prefix + "unmapped")
-
-
-def test_segment_of_size_zero(prefix):
-    segment = Segment(prefix + "empty", 0, create=True)
-    assert segment.size == 0 and segment.array.shape == (0,)
+        Segment.attach(segment.name, 4096)
+    assert _open_fds() == before
     segment.unlink()
+
+
+def test_segment_of_size_zero(prefix, backend):
+    segment = Segment.create(prefix + "empty")
+    assert segment.size == 0 and segment.array.shape == (0,)
+    segment.prefault()  # nothing mapped: nothing to do
+    segment.unlink()
+
+
+def test_a_memory_file_goes_with_its_last_descriptor(prefix, backend):
+    if backend != "memfd":
+        pytest.skip("a POSIX segment lives until its name is unlinked")
+    segment = _segment(prefix + "gone", 8192)
+    handle = segment.name
+    view = segment.array[:10]
+    del segment
+    gc.collect()
+    with pytest.raises(FileNotFoundError):  # nothing names it any more
+        os.open(handle, os.O_RDWR)
+    view[:] = 1  # the mapping is the last holder of its pages
+    assert not [n for n in shm_entries() if n.startswith(prefix)]
 
 
 # ---------------------------------------------------------------------------
@@ -114,25 +176,46 @@ def _fill(ring: Ring, writer: SlotWriter, nbytes: int, value: int) -> int:
     allocation = writer.allocator(info)
     buffer = allocation(nbytes)
     buffer[:nbytes] = value
-    if allocation.created_name is not None:
-        ring.adopt(info.slot_id, allocation.created_name)
+    if allocation.created is not None:
+        ring.adopt(info.slot_id, allocation.created)
     return info.slot_id
 
 
-def test_a_ring_that_cannot_fit_asks_for_the_slots_it_lacks(prefix, monkeypatch):
+def test_a_ring_that_cannot_fit_asks_for_the_slots_it_lacks(prefix, backend, monkeypatch):
     # At the first batch the ring checks that its other slots fit: the slot
     # just made exists, so the error asks for what is missing, not for it.
+    # Memory files are checked against the memory cgroup, POSIX segments
+    # against /dev/shm.
     ring = Ring(in_flight=4, prefix=prefix)
     try:
         info = ring.acquire(0)
         allocation = SlotWriter().allocator(info)
         allocation(1 << 20)
-        monkeypatch.setattr(segments_module, "shm_free_bytes", lambda: 2 << 20)
+        monkeypatch.setattr(room_module, "shm_free_bytes", lambda: 2 << 20)
+        monkeypatch.setattr(room_module, "cgroup_memory_room",
+                            lambda: (2 << 20, 64 << 20, "/sys/fs/cgroup/memory.max"))
         with pytest.raises(SharedMemoryError) as excinfo:
-            ring.adopt(info.slot_id, allocation.created_name)
+            ring.adopt(info.slot_id, allocation.created)
         message = str(excinfo.value)
-        assert "needs 3.0 MiB more shared memory for its ring: 3 more slots of 1.0 MiB " \
-               "(4.0 MiB for all 4); /dev/shm has 2.0 MiB free" in message, message
+        needs = ("needs 3.0 MiB more shared memory for its ring: 3 more slots of 1.0 MiB "
+                 "(4.0 MiB for all 4); ")
+        if backend == "memfd":
+            assert needs + "the memory cgroup's limit is 64.0 MiB (/sys/fs/cgroup/memory.max), " \
+                "2.0 MiB of it free" in message, message
+            assert "--memory" in message, message
+        else:
+            assert needs + "/dev/shm has 2.0 MiB free" in message, message
+    finally:
+        ring.close()
+
+
+def test_no_memory_limit_no_check(prefix, monkeypatch):
+    monkeypatch.setattr(segments_module, "USES_MEMFD", True)
+    monkeypatch.setattr(room_module, "cgroup_memory_room", lambda: None)
+    monkeypatch.setattr(room_module, "shm_free_bytes", lambda: 0)  # /dev/shm plays no part
+    ring = Ring(in_flight=4, prefix=prefix)
+    try:
+        _fill(ring, SlotWriter(), 1 << 20, 1)
     finally:
         ring.close()
 
@@ -164,31 +247,33 @@ def test_a_free_slot_goes_back_to_the_worker_that_filled_it(prefix):
         ring.close()
 
 
-def test_slot_info_names_the_next_generation(prefix):
+def test_a_slot_grows_in_place(prefix, backend):
     ring = Ring(in_flight=1, prefix=prefix)
     writer = SlotWriter()
     try:
         info = ring.acquire()
-        assert info.name is None and info.capacity == 0
-        assert info.next_name == f"{prefix}s{info.slot_id}g1"
+        assert info.capacity == 0 and info.name == ring._slots[info.slot_id].segment.name
         allocation = writer.allocator(info)
-        allocation(1000)
-        assert allocation.created_name == info.next_name and _exists(info.next_name)
-        ring.adopt(info.slot_id, allocation.created_name)
+        allocation(1000)[:1000] = 4
+        assert allocation.created >= 1000
+        ring.adopt(info.slot_id, allocation.created)
         info2 = ring.info(info.slot_id)
-        assert info2.name == info.next_name and info2.capacity >= 1000
-        assert info2.next_name == f"{prefix}s{info.slot_id}g2"
-        # It fits: the worker reuses the segment, creates nothing.
+        assert info2.name == info.name and info2.capacity == allocation.created
+        # It fits: the worker reuses the mapping, grows nothing.
         again = writer.allocator(info2)
         again(900)
-        assert again.created_name is None
-        # It does not: a next generation with headroom; adopting it unlinks the old one.
+        assert again.created is None
+        # It does not: the same file grows, with headroom.
         grown = writer.allocator(info2)
         buffer = grown(100_000)
-        assert grown.created_name == info2.next_name
-        assert buffer.shape[0] >= 100_000 + 100_000 // 4
-        ring.adopt(info.slot_id, grown.created_name)
-        assert not _exists(info2.name) and _exists(info2.next_name)
+        assert grown.created >= 100_000 + 100_000 // 4 and buffer.shape[0] == grown.created
+        buffer[50_000] = 6
+        ring.adopt(info.slot_id, grown.created)
+        view = ring.lease(info.slot_id)
+        assert view.shape[0] == grown.created and view[0] == 4 and view[50_000] == 6
+        # Another worker maps it at its new size.
+        other = SlotWriter().allocator(ring.info(info.slot_id))
+        assert other(100_000)[50_000] == 6 and other.created is None
     finally:
         ring.close()
 
@@ -196,9 +281,10 @@ def test_slot_info_names_the_next_generation(prefix):
 def test_pickled_slot_info_round_trips():
     import pickle
 
-    info = SlotInfo(3, "fl_x_s3g1", 4096, "fl_x_s3g2")
+    info = SlotInfo(3, "/proc/1/fd/7", 4096)
     back = pickle.loads(pickle.dumps(info))
-    assert back == info and back.slot_id == 3 and back.next_name == "fl_x_s3g2"
+    assert back == info and back.slot_id == 3 and back.name == "/proc/1/fd/7"
+    assert back.capacity == 4096
 
 
 def test_free_slots_beyond_in_flight_are_retired(prefix):
@@ -207,7 +293,6 @@ def test_free_slots_beyond_in_flight_are_retired(prefix):
     try:
         slots = [_fill(ring, writer, 5000, i) for i in range(7)]
         names = {s: ring.info(s).name for s in slots}
-        assert all(_exists(n) for n in names.values())
         for s in slots:
             ring.release(s)
         ring.collect()
@@ -215,9 +300,8 @@ def test_free_slots_beyond_in_flight_are_retired(prefix):
         # in_flight (2) plus the 2 spare slots a loop typically holds are kept.
         assert len(retired) == 3 and len(ring._slots) == 4
         for slot_id, name in retired:
-            assert name == names[slot_id] and not _exists(name)
+            assert name == names[slot_id]
         kept = [s for s in slots if s not in {r[0] for r in retired}]
-        assert all(_exists(names[s]) for s in kept)
         assert ring.take_retired() == []  # handed out once
         for slot_id, name in retired:
             writer.forget(slot_id, name)
@@ -250,6 +334,18 @@ def test_lease_keeps_slot_until_every_view_is_gone(prefix):
         ring.close()
 
 
+def test_a_batch_without_arrays_gives_its_slot_back_at_once(prefix):
+    # Its slot's file stays empty: nothing holds it, and a ring that kept such
+    # slots out of circulation would open a file per batch, forever.
+    ring = Ring(in_flight=2, prefix=prefix)
+    try:
+        slot = ring.acquire().slot_id
+        assert ring.lease(slot).shape == (0,)
+        assert ring.acquire().slot_id == slot
+    finally:
+        ring.close()
+
+
 def test_two_leases_of_one_slot_share_memory(prefix):
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
@@ -264,27 +360,24 @@ def test_two_leases_of_one_slot_share_memory(prefix):
         ring.close()
 
 
-def test_close_unlinks_everything_including_unreported_next_generation(prefix):
+def test_close_lets_go_of_every_slot(prefix, backend):
     ring = Ring(in_flight=2, prefix=prefix)
     writer = SlotWriter()
     slots = [_fill(ring, writer, 2000, i) for i in range(3)]
     held = ring.lease(slots[0])
-    # A worker starts regrowing slot 1 and dies before it can report it.
-    info = ring.info(slots[1])
-    orphan = writer.allocator(info)
-    orphan(50_000)
-    assert _exists(info.next_name)
-    # A worker creating a brand-new slot's first generation, unreported too.
-    fresh = ring.acquire()
-    writer.allocator(fresh)(3000)
-    assert _exists(fresh.next_name)
-    ring.close(in_flight_ids=[slots[1], fresh.slot_id])
-    assert ring.closed
+    free = weakref.ref(ring._slots[slots[1]].segment)
+    ring.acquire()  # a new slot no worker filled yet
+    fds = _open_fds()
+    ring.close()
+    gc.collect()
+    assert ring.closed and free() is None
+    assert _open_fds() == fds - 3  # the free slots' files; the held one's stays open
     assert [n for n in shm_entries() if n.startswith(prefix)] == []
     assert held[0] == 0  # a held view stays valid
     ring.close()  # idempotent
     del held
     gc.collect()
+    assert _open_fds() == fds - 4
 
 
 # ---------------------------------------------------------------------------
@@ -426,9 +519,7 @@ def test_dropping_a_batch_runs_no_python_code(prefix):
 
 
 def test_spare_slots_keep_at_most_spare_bytes(prefix, monkeypatch):
-    segments = [Segment(f"{prefix}{i}", 4 * 4096, create=True) for i in range(5)]
-    for segment in segments:
-        segment.unlink()
+    segments = [_segment(f"{prefix}{i}", 4 * 4096) for i in range(5)]
     spares = SpareSlots()
     monkeypatch.setattr(spares_module, "SPARE_BYTES", 3 * 4 * 4096)
     spares.put(segments[:1])
@@ -549,14 +640,14 @@ def test_a_new_ring_starts_with_the_spares_and_a_forked_writer_fills_them(prefix
     try:
         assert len(ring._slots) == 2 and set(ring.inherited) == {0, 1}
         infos = [ring.acquire(), ring.acquire()]
-        assert all(info.capacity >= 8000 and not _exists(info.name) for info in infos)
+        assert all(info.capacity >= 8000 for info in infos)
 
         def fill():  # what a forked worker does with a slot it inherited
             child = SlotWriter(ring.inherited)
             for value, info in enumerate(infos, start=7):
                 allocation = child.allocator(info)
                 allocation(8000)[:8000] = value
-                assert allocation.created_name is None  # nothing made, nothing opened
+                assert allocation.created is None  # nothing grown, nothing opened
 
         assert fork_child(fill) == 0
         for value, info in enumerate(infos, start=7):
@@ -568,29 +659,28 @@ def test_a_new_ring_starts_with_the_spares_and_a_forked_writer_fills_them(prefix
         ring.close()
 
 
-def test_an_inherited_slot_too_small_is_regrown_under_a_new_name(prefix):
+@memfd_only
+def test_an_inherited_slot_too_small_is_grown(prefix):
     ring = _next_epochs_ring(prefix, in_flight=1, nbytes=4096)
     try:
         info = ring.acquire()
         allocation = SlotWriter(ring.inherited).allocator(info)
         allocation(50_000)[:50_000] = 3
-        assert allocation.created_name == info.next_name and _exists(info.next_name)
-        ring.adopt(info.slot_id, allocation.created_name)
+        assert allocation.created >= 50_000
+        ring.adopt(info.slot_id, allocation.created)
         assert (ring.lease(info.slot_id)[:50_000] == 3).all()
     finally:
         ring.close()
 
 
 def test_prefault_maps_a_segment_without_changing_it(prefix):
-    segment = Segment(prefix + "p", 3 * 4096, create=True)
+    segment = _segment(prefix + "p", 3 * 4096)
     try:
         segment.array[:] = 5
         segment.prefault()
         assert (segment.array == 5).all()
-        Segment(prefix + "empty", 0, create=True).prefault()  # nothing mapped: nothing to do
     finally:
         segment.unlink()
-        unlink_name(prefix + "empty")
 
 
 # ---------------------------------------------------------------------------
@@ -661,6 +751,7 @@ def _reference_and_forked_loader(batches: int, generator: int) -> tuple:
     return reference, loader
 
 
+@memfd_only
 @pytest.mark.timeout(60)
 def test_new_workers_write_into_the_slots_the_last_epoch_left(no_leaks):
     # NOTE [ Slots that outlive an epoch ]: under fork, the workers of a new
@@ -723,6 +814,7 @@ def test_new_workers_fill_kept_slots_when_samples_grow_between_epochs(no_leaks):
             np.testing.assert_array_equal(images.reshape(4, -1)[:, -1], labels % 251)
 
 
+@memfd_only
 @pytest.mark.timeout(60)
 def test_a_forked_child_iterating_the_loader_leaves_the_parents_slots_alone(no_leaks):
     # The child's mappings of the slots its copy of the loader lists are the
@@ -847,6 +939,7 @@ def test_another_loaders_batches_a_dataset_holds_stay_intact_in_its_workers(no_l
     del a_iterator, b_loader
 
 
+@memfd_only
 @pytest.mark.timeout(60)
 def test_a_copy_of_a_loader_keeps_no_slots_of_the_original(no_leaks):
     dataset = SquareDataset(12 * 4, (2, 4))
@@ -986,7 +1079,9 @@ def _run_in_small_shm(tmp_path, case: str) -> subprocess.CompletedProcess:
         pytest.skip("needs unshare(1) to mount a private 4 MiB /dev/shm")
     script = tmp_path / "small_shm.py"
     script.write_text(_SMALL_SHM_SCRIPT.format(tests=TESTS_DIR, repo=REPO_DIR, case=case))
-    command = f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} {script}"
+    # POSIX segments, which live in /dev/shm (the ring's memory files do not).
+    command = (f"mount -t tmpfs -o size=4m tmpfs /dev/shm && "
+               f"FASTLOAD_RING=posix exec {sys.executable} {script}")
     probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=4m tmpfs /dev/shm"],
                            capture_output=True, text=True)
     if probe.returncode != 0:

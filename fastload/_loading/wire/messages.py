@@ -18,8 +18,8 @@ Tasks, main process -> worker (field 0 is the kind):
   ``indices`` is the bytes of our BatchSampler kernel's int64 array (the
   dataset is given it as a list of keys); otherwise it is any other
   sampler's batch as it was yielded;
-* ``retire_task(slot_id, name)``: the main process unlinked that slot's
-  segment; unmap it;
+* ``retire_task(slot_id, name)``: the main process retired that slot
+  (``name`` its handle); unmap it;
 * ``RESEND_LAYOUTS``: the main process lost a layout; number them afresh
   (``layouts.py``);
 * ``dataset_state_task(snapshot, replay, next_epoch)``: resuming, before
@@ -30,15 +30,15 @@ Tasks, main process -> worker (field 0 is the kind):
 * ``SNAPSHOT_REQUEST``: answer with a snapshot of this worker's copy now
   (``SNAPSHOT_TAKEN``): at the end of a persistent worker's epoch, when its
   last snapshot is older than its last batch;
-* ``indirect_task(name, size)``: the real task waits in a shared-memory
-  segment, being too large for its share of the pipe (``pool.py``);
+* ``indirect_task(name, size)``: the real task waits in a memory file
+  (``name`` its handle), being too large for its share of the pipe (``pool.py``);
 * ``STOP`` (``None``, sent as ``STOP_BYTES``): exit, without making the
   batches still queued (torch's workers skip them too, once told to stop),
   so stopping never waits for more than the batch in hand.
 
 Replies, worker -> main process: ``(kind, batch_no, slot_id, created,
-payload)``, where ``created`` names the segment the worker created for the
-slot (or None; the main process adopts it, also for a failed batch), and,
+payload)``, where ``created`` is the size the worker grew the slot's file to
+(or None; the main process maps that much, also for a failed batch), and,
 when it is time for one (``epoch_task``), a sixth field ``SNAPSHOT``: the
 worker's copy's state after the batch (``dataset_state``).  The kinds:
 
@@ -112,15 +112,15 @@ SNAPSHOT_TAKEN = "snapshot"
 KIND, BATCH_NO, SLOT_ID, CREATED, PAYLOAD, SNAPSHOT = range(6)
 
 
-def batch_reply(batch_no: int, slot_id: int, created: str | None, encoded_layout: Any) -> tuple:
+def batch_reply(batch_no: int, slot_id: int, created: int | None, encoded_layout: Any) -> tuple:
     return (BATCH_MADE, batch_no, slot_id, created, encoded_layout)
 
 
-def stream_ended_reply(batch_no: int, slot_id: int, created: str | None) -> tuple:
+def stream_ended_reply(batch_no: int, slot_id: int, created: int | None) -> tuple:
     return (STREAM_ENDED, batch_no, slot_id, created, None)
 
 
-def failed_reply(batch_no: int, slot_id: int, created: str | None, error: Any) -> tuple:
+def failed_reply(batch_no: int, slot_id: int, created: int | None, error: Any) -> tuple:
     return (BATCH_FAILED, batch_no, slot_id, created, error)
 
 
