@@ -68,16 +68,21 @@ class OwnIterator(fl.IterableDataset, PositionIterator):
         return self
 
 
-def resumed_run(make, cut, **extra):
-    """Batches before ``cut``, then a new loader resumed from the state there."""
+def array_lists(batches):
+    return [np.asarray(batch).tolist() for batch in batches]
+
+
+def resumed_run(make, cut, listed=array_lists):
+    """Batches before ``cut``, then a new loader resumed from the state there (each
+    batch as ``listed`` writes it, to compare runs)."""
     loader = make()
     iterator = iter(loader)
-    seen = [np.asarray(next(iterator)).tolist() for _ in range(cut)]
+    seen = listed(next(iterator) for _ in range(cut))
     state = loader.state_dict()
     del iterator
     resumed = make()
     resumed.load_state_dict(state)
-    return seen + [np.asarray(batch).tolist() for batch in resumed]
+    return seen + listed(resumed)
 
 
 @pytest.mark.parametrize("dataset_class", [StatelessDatasetStatefulIterator, OwnIterator])
@@ -87,7 +92,7 @@ def test_an_iterators_own_state_resumes_the_stream_without_replaying(dataset_cla
     def make():
         return DataLoader(dataset_class(), batch_size=4, **kwargs)
 
-    expected = [np.asarray(batch).tolist() for batch in make()]
+    expected = array_lists(make())
     for cut in (1, 3, len(expected) - 1):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing is replayed
@@ -103,14 +108,7 @@ def test_a_state_between_snapshots_replays_to_the_boundary_exactly(every, persis
 
     expected = as_lists(make())
     for cut in (1, 4, 7):
-        loader = make()
-        iterator = iter(loader)
-        seen = as_lists(next(iterator) for _ in range(cut))
-        state = loader.state_dict()
-        del iterator
-        resumed = make()
-        resumed.load_state_dict(state)
-        assert seen + as_lists(resumed) == expected
+        assert resumed_run(make, cut, as_lists) == expected
 
 
 @pytest.mark.parametrize("every", [0, 2, 5])
@@ -123,14 +121,7 @@ def test_a_map_style_copy_replays_its_batches_since_the_last_snapshot(every, per
     uninterrupted = make()
     expected = [as_lists(uninterrupted) for _ in range(2)]
     for cut in (1, 4, 7):
-        loader = make()
-        iterator = iter(loader)
-        seen = as_lists(next(iterator) for _ in range(cut))
-        state = loader.state_dict()
-        del iterator
-        resumed = make()
-        resumed.load_state_dict(state)
-        assert seen + as_lists(resumed) == expected[0]
+        assert resumed_run(make, cut, as_lists) == expected[0]
     # Between epochs, persistent copies carry their state: the next epoch goes on.
     loader = make()
     as_lists(loader)
