@@ -34,8 +34,8 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import is_iterable_dataset
-from fastload.dataset_state import check_dataset_section, dataset_section, has_state, \
-    needs_fresh_workers
+from fastload.dataset_state import check_dataset_section, check_dataset_workers, \
+    dataset_section, has_state, needs_fresh_workers
 from fastload.elastic import distributed_split, rebase_to_split, record_split
 from fastload.kept_order import kept_order_section, order_keeping, warn_if_order_unknown
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, seed_streams
@@ -293,6 +293,8 @@ class DataLoader(Generic[_T_co]):
 
     def __iter__(self) -> "_BaseIter":
         warn_if_unsharded(self, stacklevel=2)  # every rank the same samples: say so, once
+        if self._pending_state is not None:
+            check_dataset_workers(self._pending_state, self)
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is not None and not self._iterator.closed \
                     and has_state(self) and needs_fresh_workers(self._pending_state):

@@ -259,15 +259,10 @@ def check_dataset_section(state: dict, loader: Any) -> None:
     if section["kind"] != kind:
         raise ValueError(f"this state_dict comes from a loader of a {section['kind']}-style "
                          f"dataset, this one's {name} is {kind}-style")
-    recorded, workers = section.get("num_workers"), loader.num_workers
-    if recorded != workers:
-        reason = ("each worker reads its own stream of an IterableDataset (sharding it by "
-                  "get_worker_info()), so the streams of" if loader._iterable else
-                  "each worker's copy of the dataset has a state of its own, so those of")
-        raise ValueError(f"this state_dict comes from a DataLoader with num_workers="
-                         f"{recorded!r}, this one has num_workers={workers}: {reason} "
-                         f"{recorded!r} cannot continue in {workers}; build the loader "
-                         f"with num_workers={recorded!r}")
+    workers = section.get("num_workers")
+    if not _is_count(workers):
+        raise ValueError(f"DataLoader state_dict: the dataset part's 'num_workers' must be "
+                         f"a count, got {workers!r:.200}")
     if workers == 0:
         snaps = [section.get("main")]
         replays = [section.get("replay", _no_replay(loader._iterable))]
@@ -289,6 +284,35 @@ def check_dataset_section(state: dict, loader: Any) -> None:
         raise ValueError(f"DataLoader state_dict: the batches to replay must be, per worker, "
                          f"{'a count' if loader._iterable else 'a list of index batches'}: "
                          f"{replays!r:.200}")
+
+
+class WorkerCountMismatch(ValueError, AssertionError):
+    """A dataset's state saved by one number of workers, resumed by another.
+
+    A ValueError like fastload's other refusals, and an AssertionError as
+    torchdata's StatefulDataLoader raises for it.
+    """
+
+
+def check_dataset_workers(state: dict, loader: Any) -> None:
+    """Refuse, at ``iter()``, a dataset state whose workers differ from the loader's.
+
+    Checked when the epoch starts rather than at ``load_state_dict``: the
+    worker count that resumes is the one set by then (torchdata checks there too).
+    """
+    section = state.get("dataset")
+    if section is None:
+        return
+    recorded, workers = section["num_workers"], loader.num_workers
+    if recorded == workers:
+        return
+    reason = ("each worker reads its own stream of an IterableDataset (sharding it by "
+              "get_worker_info()), so the streams of" if loader._iterable else
+              "each worker's copy of the dataset has a state of its own, so those of")
+    raise WorkerCountMismatch(f"this state_dict comes from a DataLoader with num_workers="
+                              f"{recorded!r}, this one has num_workers={workers}: {reason} "
+                              f"{recorded!r} cannot continue in {workers}; set the loader's "
+                              f"num_workers={recorded!r}")
 
 
 def _is_replay(replay: Any, iterable: bool) -> bool:

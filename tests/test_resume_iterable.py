@@ -278,9 +278,14 @@ def test_a_state_of_other_num_workers_is_refused(kind, recorded, wanted):
     loader = MAKERS[kind](num_workers=wanted)
     reason = "each worker reads its own stream" if kind == "iterable" \
         else "each worker's copy of the dataset has a state of its own"
+    loader.load_state_dict(state)  # refused when the epoch starts, as torchdata does
     with pytest.raises(ValueError, match=rf"num_workers={recorded}, this one has "
-                                         rf"num_workers={wanted}: {reason}"):
-        loader.load_state_dict(state)
+                                         rf"num_workers={wanted}: {reason}") as refused:
+        iter(loader)
+    assert isinstance(refused.value, AssertionError)  # torchdata's type for it
+    loader.num_workers = recorded  # the state waits for a loader that can take it
+    loader.prefetch_factor = 2 if recorded else None
+    assert len(list(loader)) > 0
 
 
 def test_states_of_other_datasets_are_refused():
