@@ -18,7 +18,10 @@ code from the file.  ``transform``, when given, is applied to each sample.
 The member index of every shard is built once from its tar headers and kept
 (``tar_index``); a sample is then one read per member.  A path may be a URL
 (``https://``, ``s3://``: ``remote``, with ``storage_options`` passed to
-fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  Every sampler,
+fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  A
+batch (``__getitems__``, which the DataLoader calls with a batch's indices)
+reads its remote samples' byte spans first, concurrently (at most
+``max_concurrency`` requests in flight), then decodes them.  Every sampler,
 ``DistributedSampler``, resume and elastic resume apply as to any dataset.
 """
 
@@ -34,7 +37,7 @@ import numpy as np
 
 from fastload.dataset import Dataset
 from fastload.sources.tables import as_paths, checked_index
-from fastload.sources.remote import RemoteObject, is_url
+from fastload.sources.remote import RemoteClient, RemoteObject, is_url
 from fastload.sources.tar_index import LocalFile, shard_members
 
 __all__ = ["TarShards", "decode_member", "IMAGE_EXTENSIONS"]
@@ -87,17 +90,20 @@ def _group(shard: str, names: list[str]) -> tuple[list[str], list[list[tuple[str
 
 class TarShards(Dataset):
     """``TarShards(paths, index_dir=None, decode=True, transform=None, *,
-    storage_options=None, timeout=30.0)``: see the module."""
+    storage_options=None, timeout=30.0, max_concurrency=32)``: see the module."""
 
     def __init__(self, paths: Any, index_dir: str | None = None, decode: bool = True,
                  transform: Callable[[dict], Any] | None = None, *,
-                 storage_options: dict | None = None, timeout: float = 30.0) -> None:
+                 storage_options: dict | None = None, timeout: float = 30.0,
+                 max_concurrency: int = 32) -> None:
         self.paths = as_paths(paths, "TarShards")
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         self.decode = bool(decode)
         self.transform = transform
-        # Each shard read by ranges: a local file, or an object behind a URL.
-        self._sources = [RemoteObject(path, storage_options, timeout) if is_url(path)
+        # Each shard read by ranges: a local file, or an object behind a URL (all
+        # of them through one client, so a batch's ranges are read together).
+        self._client = RemoteClient(storage_options, timeout, max_concurrency=max_concurrency)
+        self._sources = [RemoteObject(path, client=self._client) if is_url(path)
                          else LocalFile(path) for path in self.paths]
         keys, shard_of, extensions, offsets, sizes, firsts = [], [], [], [], [], [0]
         for number, shard in enumerate(self.paths):
@@ -140,6 +146,22 @@ class TarShards(Dataset):
                                  f"{sample['__key__']}.{extension} ends past the end of the file")
             sample[extension] = decode_member(extension, data) if self.decode else data
         return sample if self.transform is None else self.transform(sample)
+
+    def __getitems__(self, indices: list) -> list:
+        """The samples of ``indices`` (a batch): the remote ones' bytes read first, together."""
+        rows = [checked_index(index, len(self)) for index in indices]
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for row in rows:
+            shard = int(self._shard_of[row])
+            if isinstance(self._sources[shard], RemoteObject):
+                first, last = int(self._firsts[row]), int(self._firsts[row + 1]) - 1
+                if last >= first:  # a sample's members lie one after another in its shard
+                    end = int(self._offsets[last]) + int(self._sizes[last])
+                    spans.setdefault(self.paths[shard], []).append(
+                        (int(self._offsets[first]), end))
+        if spans:
+            self._client.stage(spans)
+        return [self[row] for row in rows]
 
     def close(self) -> None:
         """Close the shards this process opened (they are reopened when read again)."""
