@@ -30,11 +30,18 @@ PIL decode, then ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
 * ``tar: fastload TarShards``: an exact global shuffle by sample index;
 * ``tar: webdataset``: webdataset's own pipeline (shard shuffle, a 1,000-sample
   shuffle buffer, ``decode("pil")``) in torch's DataLoader;
+* ``tar: fastload TarShards over https, +30 ms``: the same shards served by
+  a threaded Range server on 127.0.0.1 (tests/range_server.py) that holds
+  every request ``--latency`` seconds (default 0.03) before answering; the
+  member index is built once beforehand (in an ``index_dir``), and each
+  batch's samples are read concurrently (``RemoteClient.stage``).  Printed
+  as a fraction of the local ``TarShards`` run.
 * ``tar index``: the member index of all shards built from their headers
   (``tar_index.read_members``) from page cache, GB of shards per second.
 
     python bench/bench_sources.py --rows 200000 --rounds 3
     python bench/bench_sources.py --only tar --images 20000 --shards 40 --rounds 3
+    python bench/bench_sources.py --only remote-tar --images 4000 --shards 8 --rounds 3
 """
 
 from __future__ import annotations
@@ -172,6 +179,24 @@ def tar_loaders(paths: list[str]):
     return {"tar: fastload TarShards": ours, "tar: webdataset": theirs}
 
 
+def remote_tar_loaders(paths: list[str], url: str, index_dir: str):
+    import fastload as fl
+    from fastload.sources import TarShards
+    from fastload.cli.pipelines import standard_transform
+
+    transform = standard_transform()
+    urls = [f"{url}/{os.path.basename(path)}" for path in paths]
+
+    def make(shards):
+        return fl.DataLoader(TarShards(shards, index_dir=index_dir,
+                                       transform=lambda s: {"label": s["cls"],
+                                                            "image": transform(s["jpg"])}),
+                             batch_size=64, shuffle=True, num_workers=WORKERS)
+
+    return {"tar: fastload TarShards local": lambda: make(paths),
+            "tar: fastload TarShards over http, +latency": lambda: make(urls)}
+
+
 def index_rate(paths: list[str], rounds: int) -> float:
     from fastload.sources.tar_index import read_members
 
@@ -235,6 +260,35 @@ def bench_tar(args) -> None:
               f"{medians['tar: fastload TarShards'] / medians['tar: webdataset']:.2f}x")
 
 
+def bench_remote_tar(args) -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests"))
+    from range_server import RangeServer
+
+    from fastload.sources import TarShards
+
+    with tempfile.TemporaryDirectory(prefix="bench_sources_remote_") as root:
+        shards_dir, index_dir = os.path.join(root, "www"), os.path.join(root, "index")
+        os.mkdir(shards_dir)
+        os.mkdir(index_dir)
+        made = time.perf_counter()
+        paths = write_shards(shards_dir, args.images, args.shards)
+        print(f"wrote {args.images} JPEGs in {len(paths)} shards in "
+              f"{time.perf_counter() - made:.1f} s", flush=True)
+        with RangeServer(shards_dir) as server:
+            TarShards([f"{server.url}/{os.path.basename(p)}" for p in paths], index_dir=index_dir)
+            server.latency = args.latency
+            medians = run_rounds(remote_tar_loaders(paths, server.url, index_dir), args.rounds,
+                                 args.batches)
+            print(f"most requests in flight at once: {server.most_in_flight}")
+        local, remote = medians.values()
+        print(f"\nmedians over {args.rounds} rounds ({args.images} images, batch 64, "
+              f"{WORKERS} workers, {args.latency * 1000:.0f} ms per request):")
+        for name, value in medians.items():
+            print(f"  {name:44s} {value:12,.0f} samples/s")
+        print(f"  {'remote / local':44s} {remote / local:12.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -242,12 +296,16 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=0, help="per round; 0: a whole epoch")
     parser.add_argument("--images", type=int, default=20_000)
     parser.add_argument("--shards", type=int, default=40)
-    parser.add_argument("--only", choices=["hf", "tar"], default=None)
+    parser.add_argument("--latency", type=float, default=0.03,
+                        help="seconds the server adds to each request (remote-tar)")
+    parser.add_argument("--only", choices=["hf", "tar", "remote-tar"], default=None)
     args = parser.parse_args()
     if args.only in (None, "hf"):
         bench_hf(args)
     if args.only in (None, "tar"):
         bench_tar(args)
+    if args.only in (None, "remote-tar"):
+        bench_remote_tar(args)
 
 
 if __name__ == "__main__":
