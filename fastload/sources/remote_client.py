@@ -15,6 +15,11 @@ flight; the ranges that failed transiently are asked again, together, after
 the backoff.  Each request gives up after ``timeout`` seconds, and the whole
 call waits no longer than its requests' rounds could take.
 
+``stream([...])`` asks for every range at once in the same way and yields
+their bytes in order as they arrive, so the first can be used (a sample
+decoded) while the rest are on their way; the order of use, hence of any
+random draws made with them, stays the order asked.
+
 ``stage(...)`` keeps the ranges a batch is about to read (its samples' byte
 spans, its row groups' column chunks), fetched in one concurrent call,
 until the next batch stages its own: ``staged(url, offset, size)`` answers
@@ -25,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import math
 import os
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 __all__ = ["RemoteClient", "merge_spans"]
 
@@ -216,6 +222,39 @@ class RemoteClient:
             for number, answer in zip(numbers, got):
                 answers[number] = answer
         return answers
+
+    def stream(self, ranges: list[tuple[str, int, int]]) -> Iterator[bytes]:
+        """The bytes of each ``(url, start, end)``, in order, as they arrive (see the module)."""
+        located = [self.filesystem(url) for url, _, _ in ranges]
+        if not all(getattr(fs, "async_impl", False) for fs, _ in located):
+            yield from self.fetch(ranges)  # a synchronous client: all read first
+            return
+        window = asyncio.Semaphore(self.max_concurrency)  # bound to the client's loop on use
+
+        async def bounded(fs: Any, path: str, start: int, end: int) -> bytes:
+            async with window:
+                return await fs._cat_file(path, start=start, end=end)
+
+        futures = [asyncio.run_coroutine_threadsafe(bounded(fs, path, start, end), fs.loop)
+                   for (fs, path), (_, start, end) in zip(located, ranges)]
+        # No longer than the rounds of per-request timeouts the window allows.
+        deadline = time.monotonic() + self.timeout * (
+            math.ceil(len(ranges) / self.max_concurrency) + 1)
+        try:
+            for future, (url, start, end) in zip(futures, ranges):
+                try:
+                    data = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+                except concurrent.futures.CancelledError:
+                    raise
+                except Exception as error:  # fsspec's clients raise their own types
+                    fatal = self._fatal(url, "Reading", error)
+                    if fatal is not None:
+                        raise fatal from None
+                    data = self.fetch([(url, start, end)])[0]  # again, with the backoff
+                yield data
+        finally:  # the consumer stopped (an error, a break): nothing left in flight for it
+            for future in futures:
+                future.cancel()
 
     # -- the ranges a batch is about to read ---------------------------------
 

@@ -20,13 +20,14 @@ The member index of every shard is built once from its tar headers and kept
 (``https://``, ``s3://``: ``remote``, with ``storage_options`` passed to
 fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  A
 batch (``__getitems__``, which the DataLoader calls with a batch's indices)
-reads its remote samples' byte spans first, concurrently (at most
-``max_concurrency`` requests in flight), then decodes them.  Every sampler,
+asks for all its remote samples' bytes at once (at most ``max_concurrency``
+requests in flight) and makes each sample as its bytes arrive, in order.  Every sampler,
 ``DistributedSampler``, resume and elastic resume apply as to any dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -134,12 +135,15 @@ class TarShards(Dataset):
 
     def __getitem__(self, index: Any) -> Any:
         row = checked_index(index, len(self))
+        return self._sample(row, self._sources[int(self._shard_of[row])].read)
+
+    def _sample(self, row: int, read: Callable[[int, int], bytes]) -> Any:
+        """Sample ``row``, its members read by ``read(offset, size)`` from its shard."""
         shard = int(self._shard_of[row])
-        source = self._sources[shard]
         sample: dict[str, Any] = {"__key__": str(self.keys[row]), "__url__": self.paths[shard]}
         for member in range(int(self._firsts[row]), int(self._firsts[row + 1])):
             size = int(self._sizes[member])
-            data = source.read(int(self._offsets[member]), size)
+            data = read(int(self._offsets[member]), size)
             extension = str(self._extensions[member])
             if len(data) != size:
                 raise ValueError(f"{self.paths[shard]}: truncated tar shard: the member "
@@ -147,21 +151,33 @@ class TarShards(Dataset):
             sample[extension] = decode_member(extension, data) if self.decode else data
         return sample if self.transform is None else self.transform(sample)
 
+    def _span(self, row: int) -> tuple[int, int]:
+        """The bytes of sample ``row`` in its shard: its members lie one after another."""
+        first, last = int(self._firsts[row]), int(self._firsts[row + 1]) - 1
+        if last < first:
+            return 0, 0
+        return int(self._offsets[first]), int(self._offsets[last]) + int(self._sizes[last])
+
     def __getitems__(self, indices: list) -> list:
-        """The samples of ``indices`` (a batch): the remote ones' bytes read first, together."""
+        """The samples of ``indices`` (a batch).  The remote ones' bytes are all asked for
+        at once and each sample is made as its bytes arrive, in the batch's order."""
         rows = [checked_index(index, len(self)) for index in indices]
-        spans: dict[str, list[tuple[int, int]]] = {}
-        for row in rows:
-            shard = int(self._shard_of[row])
-            if isinstance(self._sources[shard], RemoteObject):
-                first, last = int(self._firsts[row]), int(self._firsts[row + 1]) - 1
-                if last >= first:  # a sample's members lie one after another in its shard
-                    end = int(self._offsets[last]) + int(self._sizes[last])
-                    spans.setdefault(self.paths[shard], []).append(
-                        (int(self._offsets[first]), end))
-        if spans:
-            self._client.stage(spans)
-        return [self[row] for row in rows]
+        remote = [(self.paths[shard], *self._span(row)) for row in rows
+                  if isinstance(self._sources[shard := int(self._shard_of[row])], RemoteObject)]
+        if not remote:
+            return [self._sample(row, self._sources[int(self._shard_of[row])].read)
+                    for row in rows]
+        samples = []
+        with contextlib.closing(self._client.stream(remote)) as arriving:
+            for row in rows:
+                source = self._sources[int(self._shard_of[row])]
+                if not isinstance(source, RemoteObject):
+                    samples.append(self._sample(row, source.read))
+                    continue
+                start, data = self._span(row)[0], next(arriving)
+                samples.append(self._sample(
+                    row, lambda offset, size: data[offset - start:offset - start + size]))
+        return samples
 
     def close(self) -> None:
         """Close the shards this process opened (they are reopened when read again)."""

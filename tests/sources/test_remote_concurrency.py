@@ -142,3 +142,24 @@ def test_a_parquet_batch_reads_its_row_groups_together(tmp_path):
         expected = next(iter(fl.DataLoader(local, batch_sampler=[rows.tolist()])))
         for key in expected:
             np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
+
+
+def test_a_stream_yields_in_order_retrying_what_failed(shards):
+    root, names = shards
+    with RangeServer(str(root), stall_seconds=10.0) as server:
+        client = RemoteClient(timeout=1.0, retries=2, backoff=0.01, max_concurrency=4)
+        url = f"{server.url}/{names[2]}"
+        with open(root / names[2], "rb") as file:
+            whole = file.read()
+        spans = [(url, start, start + 900) for start in range(9000, 0, -1000)]  # last first
+        server.latency = LATENCY
+        arriving = client.stream(spans)
+        assert next(arriving) == whole[9000:9900]
+        assert server.most_in_flight == 4  # the first came with three others, at most four
+        arriving.close()  # the rest cancelled
+        server.latency = 0
+        server.faults[names[2]] += [503, "stall", "reset"]
+        assert list(client.stream(spans)) == [whole[s:e] for _, s, e in spans]
+        assert not server.faults[names[2]]
+        with pytest.raises(FileNotFoundError, match="gone.tar"):
+            list(client.stream(spans[:2] + [(f"{server.url}/gone.tar", 0, 10)]))
