@@ -181,8 +181,8 @@ class ImageColumnRows:
         rows = [key % length for key in keys]
         table_rows = rows if self._indices is None else self._indices[rows].tolist()
         encoded = [self._encoded(row) for row in table_rows]
-        if any(found is not None and found[0] is None and not (found[1] and os.path.isfile(found[1]))
-               for found in encoded):
+        if any(found is not None and found[0] is None
+               and not (found[1] and os.path.isfile(found[1])) for found in encoded):
             return self.dataset.__getitems__(keys)  # stored by a remote path: datasets reads it
         if self.others:
             if self._plain is None:

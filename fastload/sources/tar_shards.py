@@ -18,11 +18,12 @@ code from the file.  ``transform``, when given, is applied to each sample.
 The member index of every shard is built once from its tar headers and kept
 (``tar_index``); a sample is then one read per member.  A path may be a URL
 (``https://``, ``s3://``: ``remote``, with ``storage_options`` passed to
-fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  A
-batch (``__getitems__``, which the DataLoader calls with a batch's indices)
+fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.
+A batch (``__getitems__``, which the DataLoader calls with a batch's indices)
 asks for all its remote samples' bytes at once (at most ``max_concurrency``
-requests in flight) and makes each sample as its bytes arrive, in order.  Every sampler,
-``DistributedSampler``, resume and elastic resume apply as to any dataset.
+requests in flight) and makes each sample as its bytes arrive, in order.
+Every sampler, ``DistributedSampler``, resume and elastic resume apply as to
+any dataset.
 """
 
 from __future__ import annotations
