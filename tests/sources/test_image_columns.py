@@ -192,3 +192,23 @@ def test_decode_false_values_and_bad_bytes(image_dataset, tmp_path):
     assert "sample 0 (column 'image')" in "".join(caught.value.__notes__)
     with pytest.raises(KeyError, match="no column 'picture'"):
         ImageColumnTransform(None, "picture")({"image": []})
+
+
+def test_images_stored_by_local_path_are_read_from_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "photo.jpg"
+    smooth_photo(320, 240, seed=5).save(path, quality=90)
+    stored = datasets.Dataset.from_dict(
+        {"image": [{"bytes": None, "path": str(path)}], "label": [4]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int8")}))
+    pipeline = T.Compose([T.Resize(200), T.ToArray()])
+    ds = stored.with_transform(ImageColumnTransform(pipeline))
+    expected = ds[0]
+    reader = ImageColumnRows.of(ds)
+    with monkeypatch.context() as patch:
+        _without_datasets_decoding(patch)
+        ours = reader([0])[0]
+    np.testing.assert_array_equal(ours["image"], expected["image"])
+    assert ours["label"] == expected["label"] == 4
+    path.unlink()
+    with pytest.raises(FileNotFoundError):  # (datasets' own path answers for a missing file)
+        reader([0])
