@@ -7,7 +7,9 @@ so the Arrow files are memory-mapped as a user's are, then
 ``with_format("numpy")``.  Batch 256, 2 workers, shuffled, one epoch or
 ``--batches`` batches per round; rounds alternate between the loaders and each
 figure is the median over ``--rounds`` of samples/s after the first batch
-(worker start-up left out).
+(worker start-up left out), with the CPU time per batch of the main process
+and its workers together (which depends far less than samples/s on how much
+of a loaded machine each process is given).
 
 Cells:
 
@@ -124,17 +126,39 @@ def loaders(ds_fixed, ds_all):
     }
 
 
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live children (the workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me] + me.children(recursive=True):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+# CPU per batch of the last timed() run, main process and workers together: unlike
+# samples/s, it hardly depends on how much of a loaded machine each process gets.
+LAST_CPU_PER_BATCH: list[float] = []
+
+
 def timed(make, batches: int) -> float:
     loader = make()
-    start, seen = None, 0
+    start, seen, counted, cpu = None, 0, 0, 0.0
     for i, batch in enumerate(loader):
         if start is None:  # steady state: from the first batch on (workers started)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), _cpu_seconds()
         else:
             seen += len(batch["label"])
+            counted += 1
         if i + 1 == batches:
             break
     elapsed = time.perf_counter() - start
+    LAST_CPU_PER_BATCH.append((_cpu_seconds() - cpu) / max(counted, 1))
     del loader
     return seen / elapsed
 
@@ -222,12 +246,22 @@ def index_rate(paths: list[str], rounds: int) -> float:
     return total / statistics.median(times) / 1e9
 
 
-def run_rounds(cells: dict, rounds: int, batches: int) -> dict[str, float]:
+def run_rounds(cells: dict, rounds: int, batches: int, cpu: dict[str, float] | None = None,
+               per_round: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Median samples/s of each cell over ``rounds`` (into ``cpu``, the median CPU
+    seconds per batch of all its processes; into ``per_round``, every round's rate)."""
     rates: dict[str, list[float]] = {name: [] for name in cells}
+    cpus: dict[str, list[float]] = {name: [] for name in cells}
     for round_ in range(rounds):
         for name, make in cells.items():
             rates[name].append(timed(make, batches or -1))
-            print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s", flush=True)
+            cpus[name].append(LAST_CPU_PER_BATCH[-1])
+            print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s, "
+                  f"{cpus[name][-1] * 1e3:.2f} ms CPU per batch", flush=True)
+    if cpu is not None:
+        cpu.update({name: statistics.median(values) for name, values in cpus.items()})
+    if per_round is not None:
+        per_round.update(rates)
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
@@ -239,17 +273,19 @@ def bench_hf(args) -> None:
               f"({len(ds.data.table.column('label').chunks)} Arrow chunks)", flush=True)
         cells = loaders(ds.with_format("numpy", columns=["label", "features"]),
                         ds.with_format("numpy"))
-        medians = run_rounds(cells, args.rounds, args.batches)
+        cpu: dict[str, float] = {}
+        medians = run_rounds(cells, args.rounds, args.batches, cpu)
         print(f"\nmedians over {args.rounds} rounds ({args.rows} rows, batch {BATCH}, "
-              f"{WORKERS} workers):")
+              f"{WORKERS} workers; CPU: main process and workers together):")
         for name, value in medians.items():
-            print(f"  {name:32s} {value:12,.0f} samples/s")
+            print(f"  {name:32s} {value:12,.0f} samples/s {cpu[name] * 1e3:9.2f} ms CPU per batch")
         for label, ours, theirs in (
                 ("fixed: fastload / torch", "fixed: fastload", "fixed: torch"),
                 ("fixed: fastload / torch whole", "fixed: fastload", "fixed: torch whole batches"),
                 ("ragged: fastload / torch", "ragged: fastload pad_collate",
                  "ragged: torch pad_sequence")):
-            print(f"  {label:32s} {medians[ours] / medians[theirs]:12.1f}x")
+            print(f"  {label:32s} {medians[ours] / medians[theirs]:12.1f}x samples/s "
+                  f"{cpu[theirs] / cpu[ours]:9.1f}x less CPU per batch")
 
 
 def bench_tar(args) -> None:
@@ -286,15 +322,20 @@ def bench_remote_tar(args) -> None:
         with RangeServer(shards_dir) as server:
             TarShards([f"{server.url}/{os.path.basename(p)}" for p in paths], index_dir=index_dir)
             server.latency = args.latency
+            rates: dict[str, list[float]] = {}
             medians = run_rounds(remote_tar_loaders(paths, server.url, index_dir), args.rounds,
-                                 args.batches)
+                                 args.batches, per_round=rates)
             print(f"most requests in flight at once: {server.most_in_flight}")
         local, remote = medians.values()
+        # Each round's two runs are next to each other: their ratio drifts less with the load.
+        paired = [r / l for l, r in zip(*rates.values())]
         print(f"\nmedians over {args.rounds} rounds ({args.images} images, batch 64, "
               f"{WORKERS} workers, {args.latency * 1000:.0f} ms per request):")
         for name, value in medians.items():
             print(f"  {name:44s} {value:12,.0f} samples/s")
-        print(f"  {'remote / local':44s} {remote / local:12.2f}")
+        print(f"  {'remote / local, of the medians':44s} {remote / local:12.2f}")
+        print(f"  {'remote / local, median of the rounds':44s} {statistics.median(paired):12.2f}"
+              f"   (rounds: {', '.join(f'{ratio:.2f}' for ratio in paired)})")
 
 
 def main() -> None:
