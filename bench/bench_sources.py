@@ -39,6 +39,12 @@ PIL decode, then ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
   member index is built once beforehand (in an ``index_dir``), and each
   batch's samples are read concurrently (``RemoteClient.stage``).  Printed
   as a fraction of the local ``TarShards`` run.
+* ``images``: the same JPEGs in the ``Image()`` column of a Hugging Face
+  dataset (``save_to_disk`` + ``load_from_disk``) with
+  ``with_transform(ImageColumnTransform(...))`` of the same transforms:
+  torch's DataLoader (``datasets`` decodes a PIL image per sample, then the
+  transform) against fastload's (the bytes read from Arrow and decoded by
+  the vision pipeline, crops decoded at reduced size where they allow).
 * ``tar index``: the member index of all shards built from their headers
   (``tar_index.read_members``) from page cache, GB of shards per second.
 
@@ -46,6 +52,7 @@ PIL decode, then ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
     python bench/bench_sources.py --only tar --images 20000 --shards 40 --rounds 3
     python bench/bench_sources.py --only remote-tar --images 4000 --shards 8 --rounds 3
     python bench/bench_sources.py --only tar-index --images 20000 --shards 40
+    python bench/bench_sources.py --only hf-images --images 4000 --rounds 3
 """
 
 from __future__ import annotations
@@ -126,19 +133,25 @@ def loaders(ds_fixed, ds_all):
     }
 
 
-def _cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its live children (the workers)."""
+def _cpu_seconds() -> dict[int, float]:
+    """CPU time (user + system) of this process and of each live child (the workers), by pid."""
     import psutil
 
     me = psutil.Process()
-    total = 0.0
+    found = {}
     for process in [me] + me.children(recursive=True):
         try:
             times = process.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        total += times.user + times.system
-    return total
+        found[process.pid] = times.user + times.system
+    return found
+
+
+def _cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the processes of ``before`` (the loader's, alive all along) used since."""
+    after = _cpu_seconds()
+    return sum(after[pid] - seconds for pid, seconds in before.items() if pid in after)
 
 
 # CPU per batch of the last timed() run, main process and workers together: unlike
@@ -148,7 +161,7 @@ LAST_CPU_PER_BATCH: list[float] = []
 
 def timed(make, batches: int) -> float:
     loader = make()
-    start, seen, counted, cpu = None, 0, 0, 0.0
+    start, seen, counted, cpu = None, 0, 0, {}
     for i, batch in enumerate(loader):
         if start is None:  # steady state: from the first batch on (workers started)
             start, cpu = time.perf_counter(), _cpu_seconds()
@@ -158,7 +171,7 @@ def timed(make, batches: int) -> float:
         if i + 1 == batches:
             break
     elapsed = time.perf_counter() - start
-    LAST_CPU_PER_BATCH.append((_cpu_seconds() - cpu) / max(counted, 1))
+    LAST_CPU_PER_BATCH.append(_cpu_since(cpu) / max(counted, 1))
     del loader
     return seen / elapsed
 
@@ -304,6 +317,46 @@ def bench_tar(args) -> None:
               f"{medians['tar: fastload TarShards'] / medians['tar: webdataset']:.2f}x")
 
 
+def bench_hf_images(args) -> None:
+    import datasets
+    import torch
+
+    import fastload as fl
+    from fastload.cli.pipelines import standard_transform
+    from fastload.sources import ImageColumnTransform
+
+    with tempfile.TemporaryDirectory(prefix="bench_sources_images_") as root:
+        paths = write_shards(root, args.images, 1)
+        from fastload.sources import TarShards
+
+        shards = TarShards(paths, decode=False)
+        features = datasets.Features({"image": datasets.Image(),
+                                      "label": datasets.Value("int64")})
+        rows = [shards[i] for i in range(len(shards))]
+        ds = datasets.Dataset.from_dict(
+            {"image": [{"bytes": row["jpg"], "path": None} for row in rows],
+             "label": [int(row["cls"]) for row in rows]}, features=features)
+        shards.close()
+        ds.save_to_disk(os.path.join(root, "hf"))
+        ds = datasets.load_from_disk(os.path.join(root, "hf")).with_transform(
+            ImageColumnTransform(standard_transform()))
+        cells = {
+            "images: fastload": lambda: fl.DataLoader(ds, batch_size=64, shuffle=True,
+                                                      num_workers=WORKERS),
+            "images: torch": lambda: torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True,
+                                                                 num_workers=WORKERS),
+        }
+        cpu: dict[str, float] = {}
+        medians = run_rounds(cells, args.rounds, args.batches, cpu)
+        print(f"\nmedians over {args.rounds} rounds ({args.images} JPEGs 500x375 in an Image() "
+              f"column, batch 64, {WORKERS} workers):")
+        for name, value in medians.items():
+            print(f"  {name:32s} {value:12,.0f} samples/s {cpu[name] * 1e3:9.2f} ms CPU per batch")
+        ours, theirs = medians["images: fastload"], medians["images: torch"]
+        print(f"  {'images: fastload / torch':32s} {ours / theirs:12.2f}x samples/s "
+              f"{cpu['images: torch'] / cpu['images: fastload']:9.2f}x less CPU per batch")
+
+
 def bench_remote_tar(args) -> None:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                     "tests"))
@@ -347,11 +400,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=40)
     parser.add_argument("--latency", type=float, default=0.03,
                         help="seconds the server adds to each request (remote-tar)")
-    parser.add_argument("--only", choices=["hf", "tar", "remote-tar", "tar-index"],
+    parser.add_argument("--only", choices=["hf", "hf-images", "tar", "remote-tar", "tar-index"],
                         default=None)
     args = parser.parse_args()
     if args.only in (None, "hf"):
         bench_hf(args)
+    if args.only in (None, "hf-images"):
+        bench_hf_images(args)
     if args.only in (None, "tar"):
         bench_tar(args)
     if args.only in (None, "remote-tar"):
