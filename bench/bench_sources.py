@@ -161,8 +161,9 @@ LAST_CPU_PER_BATCH: list[float] = []
 
 def timed(make, batches: int) -> float:
     loader = make()
+    iterator = iter(loader)  # kept until the CPU is read: its workers stop with it
     start, seen, counted, cpu = None, 0, 0, {}
-    for i, batch in enumerate(loader):
+    for i, batch in enumerate(iterator):
         if start is None:  # steady state: from the first batch on (workers started)
             start, cpu = time.perf_counter(), _cpu_seconds()
         else:
@@ -172,7 +173,7 @@ def timed(make, batches: int) -> float:
             break
     elapsed = time.perf_counter() - start
     LAST_CPU_PER_BATCH.append(_cpu_since(cpu) / max(counted, 1))
-    del loader
+    del iterator, loader
     return seen / elapsed
 
 
