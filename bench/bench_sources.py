@@ -7,7 +7,9 @@ so the Arrow files are memory-mapped as a user's are, then
 ``with_format("numpy")``.  Batch 256, 2 workers, shuffled, one epoch or
 ``--batches`` batches per round; rounds alternate between the loaders and each
 figure is the median over ``--rounds`` of samples/s after the first batch
-(worker start-up left out).
+(worker start-up left out), with the CPU time per batch of the main process
+and its workers together (which depends far less than samples/s on how much
+of a loaded machine each process is given).
 
 Cells:
 
@@ -23,18 +25,34 @@ Cells:
   both go sample by sample through the dataset's ``__getitems__``.
 
 WebDataset shards (``--images`` JPEGs of 500x375, default 20,000, in
-``--shards`` shards, default 40, written by webdataset's ``ShardWriter``),
+``--shards`` shards, default 40, written by webdataset's ``ShardWriter``; 500
+distinct synthetic photos, repeated, as making one costs more than decoding it),
 PIL decode, then ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
 ``ToArray()`` (fastload.vision's, for both), batch 64, 2 workers:
 
 * ``tar: fastload TarShards``: an exact global shuffle by sample index;
 * ``tar: webdataset``: webdataset's own pipeline (shard shuffle, a 1,000-sample
   shuffle buffer, ``decode("pil")``) in torch's DataLoader;
+* ``tar: fastload TarShards over https, +30 ms``: the same shards served by
+  a threaded Range server on 127.0.0.1 (tests/range_server.py) that holds
+  every request ``--latency`` seconds (default 0.03) before answering; the
+  member index is built once beforehand (in an ``index_dir``), and each
+  batch's samples are read concurrently (``RemoteClient.stage``).  Printed
+  as a fraction of the local ``TarShards`` run.
+* ``images``: the same JPEGs in the ``Image()`` column of a Hugging Face
+  dataset (``save_to_disk`` + ``load_from_disk``) with
+  ``with_transform(ImageColumnTransform(...))`` of the same transforms:
+  torch's DataLoader (``datasets`` decodes a PIL image per sample, then the
+  transform) against fastload's (the bytes read from Arrow and decoded by
+  the vision pipeline, crops decoded at reduced size where they allow).
 * ``tar index``: the member index of all shards built from their headers
   (``tar_index.read_members``) from page cache, GB of shards per second.
 
     python bench/bench_sources.py --rows 200000 --rounds 3
     python bench/bench_sources.py --only tar --images 20000 --shards 40 --rounds 3
+    python bench/bench_sources.py --only remote-tar --images 4000 --shards 8 --rounds 3
+    python bench/bench_sources.py --only tar-index --images 20000 --shards 40
+    python bench/bench_sources.py --only hf-images --images 4000 --rounds 3
 """
 
 from __future__ import annotations
@@ -52,6 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BATCH = 256
 WORKERS = 2
+DISTINCT_IMAGES = 500
 
 
 def build(rows: int, root: str):
@@ -114,18 +133,47 @@ def loaders(ds_fixed, ds_all):
     }
 
 
+def _cpu_seconds() -> dict[int, float]:
+    """CPU time (user + system) of this process and of each live child (the workers), by pid."""
+    import psutil
+
+    me = psutil.Process()
+    found = {}
+    for process in [me] + me.children(recursive=True):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        found[process.pid] = times.user + times.system
+    return found
+
+
+def _cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the processes of ``before`` (the loader's, alive all along) used since."""
+    after = _cpu_seconds()
+    return sum(after[pid] - seconds for pid, seconds in before.items() if pid in after)
+
+
+# CPU per batch of the last timed() run, main process and workers together: unlike
+# samples/s, it hardly depends on how much of a loaded machine each process gets.
+LAST_CPU_PER_BATCH: list[float] = []
+
+
 def timed(make, batches: int) -> float:
     loader = make()
-    start, seen = None, 0
-    for i, batch in enumerate(loader):
+    iterator = iter(loader)  # kept until the CPU is read: its workers stop with it
+    start, seen, counted, cpu = None, 0, 0, {}
+    for i, batch in enumerate(iterator):
         if start is None:  # steady state: from the first batch on (workers started)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), _cpu_seconds()
         else:
             seen += len(batch["label"])
+            counted += 1
         if i + 1 == batches:
             break
     elapsed = time.perf_counter() - start
-    del loader
+    LAST_CPU_PER_BATCH.append(_cpu_since(cpu) / max(counted, 1))
+    del iterator, loader
     return seen / elapsed
 
 
@@ -139,12 +187,17 @@ def write_shards(root: str, images: int, shards: int) -> list[str]:
 
     rng = np.random.default_rng(0)
     per_shard = -(-images // shards)
+    encoded: list[bytes] = []
     with wds.ShardWriter(os.path.join(root, "shard-%04d.tar"), maxcount=per_shard,
                          verbose=0) as sink:
         for i in range(images):
-            out = io.BytesIO()
-            Image.fromarray(synthetic_image(500, 375, rng)).save(out, format="JPEG", quality=90)
-            sink.write({"__key__": f"{i:07d}", "jpg": out.getvalue(), "cls": str(i % 1000)})
+            if len(encoded) < DISTINCT_IMAGES:  # making one costs more than decoding it
+                out = io.BytesIO()
+                Image.fromarray(synthetic_image(500, 375, rng)).save(out, format="JPEG",
+                                                                    quality=90)
+                encoded.append(out.getvalue())
+            sink.write({"__key__": f"{i:07d}", "jpg": encoded[i % len(encoded)],
+                        "cls": str(i % 1000)})
     return sorted(os.path.join(root, name) for name in os.listdir(root) if name.endswith(".tar"))
 
 
@@ -172,6 +225,24 @@ def tar_loaders(paths: list[str]):
     return {"tar: fastload TarShards": ours, "tar: webdataset": theirs}
 
 
+def remote_tar_loaders(paths: list[str], url: str, index_dir: str):
+    import fastload as fl
+    from fastload.sources import TarShards
+    from fastload.cli.pipelines import standard_transform
+
+    transform = standard_transform()
+    urls = [f"{url}/{os.path.basename(path)}" for path in paths]
+
+    def make(shards):
+        return fl.DataLoader(TarShards(shards, index_dir=index_dir,
+                                       transform=lambda s: {"label": s["cls"],
+                                                            "image": transform(s["jpg"])}),
+                             batch_size=64, shuffle=True, num_workers=WORKERS)
+
+    return {"tar: fastload TarShards local": lambda: make(paths),
+            "tar: fastload TarShards over http, +latency": lambda: make(urls)}
+
+
 def index_rate(paths: list[str], rounds: int) -> float:
     from fastload.sources.tar_index import read_members
 
@@ -189,12 +260,22 @@ def index_rate(paths: list[str], rounds: int) -> float:
     return total / statistics.median(times) / 1e9
 
 
-def run_rounds(cells: dict, rounds: int, batches: int) -> dict[str, float]:
+def run_rounds(cells: dict, rounds: int, batches: int, cpu: dict[str, float] | None = None,
+               per_round: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Median samples/s of each cell over ``rounds`` (into ``cpu``, the median CPU
+    seconds per batch of all its processes; into ``per_round``, every round's rate)."""
     rates: dict[str, list[float]] = {name: [] for name in cells}
+    cpus: dict[str, list[float]] = {name: [] for name in cells}
     for round_ in range(rounds):
         for name, make in cells.items():
             rates[name].append(timed(make, batches or -1))
-            print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s", flush=True)
+            cpus[name].append(LAST_CPU_PER_BATCH[-1])
+            print(f"round {round_}: {name}: {rates[name][-1]:,.0f} samples/s, "
+                  f"{cpus[name][-1] * 1e3:.2f} ms CPU per batch", flush=True)
+    if cpu is not None:
+        cpu.update({name: statistics.median(values) for name, values in cpus.items()})
+    if per_round is not None:
+        per_round.update(rates)
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
@@ -206,17 +287,19 @@ def bench_hf(args) -> None:
               f"({len(ds.data.table.column('label').chunks)} Arrow chunks)", flush=True)
         cells = loaders(ds.with_format("numpy", columns=["label", "features"]),
                         ds.with_format("numpy"))
-        medians = run_rounds(cells, args.rounds, args.batches)
+        cpu: dict[str, float] = {}
+        medians = run_rounds(cells, args.rounds, args.batches, cpu)
         print(f"\nmedians over {args.rounds} rounds ({args.rows} rows, batch {BATCH}, "
-              f"{WORKERS} workers):")
+              f"{WORKERS} workers; CPU: main process and workers together):")
         for name, value in medians.items():
-            print(f"  {name:32s} {value:12,.0f} samples/s")
+            print(f"  {name:32s} {value:12,.0f} samples/s {cpu[name] * 1e3:9.2f} ms CPU per batch")
         for label, ours, theirs in (
                 ("fixed: fastload / torch", "fixed: fastload", "fixed: torch"),
                 ("fixed: fastload / torch whole", "fixed: fastload", "fixed: torch whole batches"),
                 ("ragged: fastload / torch", "ragged: fastload pad_collate",
                  "ragged: torch pad_sequence")):
-            print(f"  {label:32s} {medians[ours] / medians[theirs]:12.1f}x")
+            print(f"  {label:32s} {medians[ours] / medians[theirs]:12.1f}x samples/s "
+                  f"{cpu[theirs] / cpu[ours]:9.1f}x less CPU per batch")
 
 
 def bench_tar(args) -> None:
@@ -235,6 +318,80 @@ def bench_tar(args) -> None:
               f"{medians['tar: fastload TarShards'] / medians['tar: webdataset']:.2f}x")
 
 
+def bench_hf_images(args) -> None:
+    import datasets
+    import torch
+
+    import fastload as fl
+    from fastload.cli.pipelines import standard_transform
+    from fastload.sources import ImageColumnTransform
+
+    with tempfile.TemporaryDirectory(prefix="bench_sources_images_") as root:
+        paths = write_shards(root, args.images, 1)
+        from fastload.sources import TarShards
+
+        shards = TarShards(paths, decode=False)
+        features = datasets.Features({"image": datasets.Image(),
+                                      "label": datasets.Value("int64")})
+        rows = [shards[i] for i in range(len(shards))]
+        ds = datasets.Dataset.from_dict(
+            {"image": [{"bytes": row["jpg"], "path": None} for row in rows],
+             "label": [int(row["cls"]) for row in rows]}, features=features)
+        shards.close()
+        ds.save_to_disk(os.path.join(root, "hf"))
+        ds = datasets.load_from_disk(os.path.join(root, "hf")).with_transform(
+            ImageColumnTransform(standard_transform()))
+        cells = {
+            "images: fastload": lambda: fl.DataLoader(ds, batch_size=64, shuffle=True,
+                                                      num_workers=WORKERS),
+            "images: torch": lambda: torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True,
+                                                                 num_workers=WORKERS),
+        }
+        cpu: dict[str, float] = {}
+        medians = run_rounds(cells, args.rounds, args.batches, cpu)
+        print(f"\nmedians over {args.rounds} rounds ({args.images} JPEGs 500x375 in an Image() "
+              f"column, batch 64, {WORKERS} workers):")
+        for name, value in medians.items():
+            print(f"  {name:32s} {value:12,.0f} samples/s {cpu[name] * 1e3:9.2f} ms CPU per batch")
+        ours, theirs = medians["images: fastload"], medians["images: torch"]
+        print(f"  {'images: fastload / torch':32s} {ours / theirs:12.2f}x samples/s "
+              f"{cpu['images: torch'] / cpu['images: fastload']:9.2f}x less CPU per batch")
+
+
+def bench_remote_tar(args) -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests"))
+    from range_server import RangeServer
+
+    from fastload.sources import TarShards
+
+    with tempfile.TemporaryDirectory(prefix="bench_sources_remote_") as root:
+        shards_dir, index_dir = os.path.join(root, "www"), os.path.join(root, "index")
+        os.mkdir(shards_dir)
+        os.mkdir(index_dir)
+        made = time.perf_counter()
+        paths = write_shards(shards_dir, args.images, args.shards)
+        print(f"wrote {args.images} JPEGs in {len(paths)} shards in "
+              f"{time.perf_counter() - made:.1f} s", flush=True)
+        with RangeServer(shards_dir) as server:
+            TarShards([f"{server.url}/{os.path.basename(p)}" for p in paths], index_dir=index_dir)
+            server.latency = args.latency
+            rates: dict[str, list[float]] = {}
+            medians = run_rounds(remote_tar_loaders(paths, server.url, index_dir), args.rounds,
+                                 args.batches, per_round=rates)
+            print(f"most requests in flight at once: {server.most_in_flight}")
+        local, remote = medians.values()
+        # Each round's two runs are next to each other: their ratio drifts less with the load.
+        paired = [r / l for l, r in zip(*rates.values())]
+        print(f"\nmedians over {args.rounds} rounds ({args.images} images, batch 64, "
+              f"{WORKERS} workers, {args.latency * 1000:.0f} ms per request):")
+        for name, value in medians.items():
+            print(f"  {name:44s} {value:12,.0f} samples/s")
+        print(f"  {'remote / local, of the medians':44s} {remote / local:12.2f}")
+        print(f"  {'remote / local, median of the rounds':44s} {statistics.median(paired):12.2f}"
+              f"   (rounds: {', '.join(f'{ratio:.2f}' for ratio in paired)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -242,12 +399,25 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=0, help="per round; 0: a whole epoch")
     parser.add_argument("--images", type=int, default=20_000)
     parser.add_argument("--shards", type=int, default=40)
-    parser.add_argument("--only", choices=["hf", "tar"], default=None)
+    parser.add_argument("--latency", type=float, default=0.03,
+                        help="seconds the server adds to each request (remote-tar)")
+    parser.add_argument("--only", choices=["hf", "hf-images", "tar", "remote-tar", "tar-index"],
+                        default=None)
     args = parser.parse_args()
     if args.only in (None, "hf"):
         bench_hf(args)
+    if args.only in (None, "hf-images"):
+        bench_hf_images(args)
     if args.only in (None, "tar"):
         bench_tar(args)
+    if args.only in (None, "remote-tar"):
+        bench_remote_tar(args)
+    if args.only == "tar-index":  # (the tar cells print it too)
+        with tempfile.TemporaryDirectory(prefix="bench_sources_index_") as root:
+            paths = write_shards(root, args.images, args.shards)
+            print(f"tar index: {index_rate(paths, 5):.2f} GB/s from page cache "
+                  f"({sum(os.path.getsize(p) for p in paths) / 1e9:.2f} GB in "
+                  f"{len(paths)} shards)")
 
 
 if __name__ == "__main__":

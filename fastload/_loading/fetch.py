@@ -19,7 +19,9 @@ to make a batch:
   (``fastload.sources.hugging_face``), and its ``pad_collate`` batches
   likewise, ragged columns padded straight from the Arrow buffers;
 * the default collate: samples are fetched (``__getitems__`` when the dataset
-  has it) and the ``_core`` kernels copy them into the buffer;
+  has it; a Hugging Face dataset whose transform is an ``ImageColumnTransform``
+  has its images decoded by fastload, ``fastload.sources.image_columns``) and
+  the ``_core`` kernels copy them into the buffer;
 * any other ``collate_fn``: its output is packed into the buffer as it is.
 
 The first two are ``default_collate`` only while ``default_collate_fn_map``
@@ -169,6 +171,11 @@ class BatchSource:
         self._planned = PlannedLayouts()  # NOTE [ Layouts planned once ] (_plan_key.pxi)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if callable(getitems) else None
+        if self._getitems is not None and _is_hugging_face_dataset(dataset):
+            # Image() columns decoded by fastload's vision pipeline, not by datasets.
+            from fastload.sources.image_columns import ImageColumnRows
+
+            self._getitems = ImageColumnRows.of(dataset) or self._getitems
         # output="torch" in the main process: collated batches are built as tensors.
         self.as_torch = False
         self._base_seed = 0

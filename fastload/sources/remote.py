@@ -3,28 +3,25 @@
 ``RemoteObject(url, storage_options, timeout, retries)`` reads byte ranges
 through fsspec (``storage_options`` passed through to it), in blocks kept in
 a small per-process LRU cache (``cached_blocks`` of ``block_size`` bytes), so
-neighbouring reads (a tar shard's headers) cost one request.  A request that
-fails for a transient reason (an HTTP 5xx, a reset or dropped connection, a
-timeout) is tried again after an exponential backoff, up to ``retries``
-times; then, and for 404 / 403 at once, the error names the object.  Each
-request gives up after ``timeout`` seconds.  After a fork the child opens
-its own client (an fsspec client belongs to the process that made it).
+neighbouring reads (a tar shard's headers) cost one request.  A read that
+spans several missing blocks asks for them concurrently.  The objects of a
+dataset share a ``RemoteClient`` (``remote_client``: the fsspec client, the
+retries with backoff, errors naming the object, the concurrency bound), and
+a dataset that knows the ranges a batch will read stages them first, all at
+once (``RemoteClient.stage``): a read inside a staged range is answered from
+it.  After a fork the child opens its own client.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 import collections
+import io
 import os
-import time
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["RemoteObject", "RemoteReader", "is_url"]
+from fastload.sources.remote_client import RemoteClient
 
-_TRANSIENT_ERRORS = ("ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
-                     "ServerTimeoutError", "ClientConnectorError", "ConnectionTimeoutError",
-                     "SocketTimeoutError")
+__all__ = ["RemoteObject", "RemoteReader", "RemoteClient", "is_url"]
 
 
 def is_url(path: str) -> bool:
@@ -33,44 +30,27 @@ def is_url(path: str) -> bool:
     return bool(sep) and scheme.isidentifier() and scheme != "file"
 
 
-def _status(error: BaseException) -> int | None:
-    status = getattr(error, "status", None)
-    return status if isinstance(status, int) else None
-
-
-def _transient(error: BaseException) -> bool:
-    status = _status(error)
-    if status is not None:
-        return 500 <= status < 600
-    return isinstance(error, (ConnectionError, TimeoutError, asyncio.TimeoutError)) \
-        or type(error).__name__ in _TRANSIENT_ERRORS
-
-
 class RemoteObject:
     """One object behind a URL: its size, its identity, and byte ranges of it."""
 
     def __init__(self, url: str, storage_options: dict | None = None, timeout: float = 30.0,
                  retries: int = 4, backoff: float = 0.25, block_size: int = 1 << 20,
-                 cached_blocks: int = 16) -> None:
+                 cached_blocks: int = 16, *, client: RemoteClient | None = None) -> None:
         self.url = url
-        self.storage_options = dict(storage_options or {})
-        self.timeout = float(timeout)
-        self.retries = int(retries)
-        self.backoff = float(backoff)
+        self.client = client if client is not None else \
+            RemoteClient(storage_options, timeout, retries, backoff)
         self.block_size = int(block_size)
         self.cached_blocks = int(cached_blocks)
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._fs = None
-        self._path = None
         self._info: dict | None = None
         self._blocks: collections.OrderedDict = collections.OrderedDict()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_fs", "_path", "_info", "_blocks", "_pid"):
+        for name in ("_info", "_blocks", "_pid"):
             del state[name]
         return state
 
@@ -78,47 +58,12 @@ class RemoteObject:
         self.__dict__.update(state)
         self._reset()
 
-    def _filesystem(self) -> Any:
-        if self._pid != os.getpid():
-            self._reset()
-        if self._fs is None:
-            import fsspec
-
-            options = dict(self.storage_options)
-            if self.url.startswith(("http://", "https://")):
-                import aiohttp
-
-                client = dict(options.get("client_kwargs", {}))
-                client.setdefault("timeout", aiohttp.ClientTimeout(total=self.timeout))
-                options["client_kwargs"] = client
-                options.setdefault("skip_instance_cache", True)
-            self._fs, self._path = fsspec.core.url_to_fs(self.url, **options)
-        return self._fs
-
-    def _call(self, what: str, request: Callable[[Any, str], Any]) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                return request(self._filesystem(), self._path)
-            except Exception as error:  # fsspec's clients raise their own types
-                if isinstance(error, FileNotFoundError) and error.__cause__ is not None:
-                    error = error.__cause__  # fsspec's http info() says so of any failure
-                status = _status(error)
-                if status == 404 or (isinstance(error, FileNotFoundError) and status is None):
-                    raise FileNotFoundError(f"No such object: {self.url!r}") from None
-                if status in (401, 403):
-                    raise PermissionError(f"Access to {self.url!r} was refused "
-                                          f"(HTTP {status})") from None
-                if not _transient(error):
-                    raise OSError(f"{what} {self.url!r} failed: {error!r}") from error
-                if attempt == self.retries:
-                    raise OSError(f"{what} {self.url!r} failed {attempt + 1} times, the last "
-                                  f"with {error!r}") from error
-                time.sleep(self.backoff * 2 ** attempt)
-        raise AssertionError("unreachable")
-
     def info(self) -> dict:
         if self._info is None or self._pid != os.getpid():
-            self._info = self._call("Reading the size of", lambda fs, path: fs.info(path))
+            if self._pid != os.getpid():
+                self._reset()
+            self._info = self.client.call(self.url, "Reading the size of",
+                                          lambda fs, path: fs.info(path))
         return self._info
 
     @property
@@ -137,26 +82,34 @@ class RemoteObject:
         """``size`` bytes from ``offset`` (fewer at the end of the object)."""
         if size <= 0:
             return b""
+        staged = self.client.staged(self.url, offset, size)
+        if staged is not None:
+            return staged
         first, last = offset // self.block_size, (offset + size - 1) // self.block_size
-        data = b"".join(self._block(number) for number in range(first, last + 1))
+        data = b"".join(self._blocks_of(range(first, last + 1)))
         start = offset - first * self.block_size
         return data[start:start + size]
 
-    def _block(self, number: int) -> bytes:
+    def _blocks_of(self, numbers: range) -> list[bytes]:
+        """Blocks ``numbers``, from the cache or read (the missing ones concurrently)."""
         if self._pid != os.getpid():
             self._reset()
-        found = self._blocks.get(number)
-        if found is not None:
+        found = {number: self._blocks.get(number) for number in numbers}
+        missing = [number for number, block in found.items() if block is None]
+        if missing:
+            length = self.length
+            spans = [(number * self.block_size,
+                      min((number + 1) * self.block_size, length)) for number in missing]
+            wanted = [(self.url, start, end) for start, end in spans if start < end]
+            fetched = iter(self.client.fetch(wanted) if wanted else ())
+            for number, (start, end) in zip(missing, spans):
+                found[number] = next(fetched) if start < end else b""
+        for number in numbers:
+            self._blocks[number] = found[number]
             self._blocks.move_to_end(number)
-            return found
-        start = number * self.block_size
-        end = min(start + self.block_size, self.length)
-        found = self._call("Reading", lambda fs, path: fs.cat_file(path, start=start, end=end)) \
-            if start < end else b""
-        self._blocks[number] = found
         while len(self._blocks) > self.cached_blocks:
             self._blocks.popitem(last=False)
-        return found
+        return [found[number] for number in numbers]
 
 
 class RemoteReader(io.RawIOBase):

@@ -46,14 +46,6 @@ def _number(field: bytes, shard: str, offset: int) -> int:
                          f"{field!r}: not a tar file, or a damaged one") from None
 
 
-def _checked(header: bytes, shard: str, offset: int) -> None:
-    stored = _number(header[148:156], shard, offset)
-    unsigned = sum(header[:148]) + 8 * 32 + sum(header[156:])
-    if stored != unsigned:
-        raise ValueError(f"{shard}: the tar header at byte {offset} fails its checksum: "
-                         f"not a tar file, or a damaged one")
-
-
 def _pax_records(data: bytes, shard: str, offset: int) -> dict[str, str]:
     """``length key=value\\n`` records of a pax extended header."""
     records, at = {}, 0
@@ -120,51 +112,104 @@ def read_members(shard: str, source: Any = None) -> tuple[list[str], np.ndarray,
             source.close()
 
 
+# Read at a header: the header, and usually a pax record and the next header with it.
+_WINDOW = 4096
+_ZERO_BLOCK = bytes(_BLOCK)
+_EXTENDED = (ord("L"), ord("x"), ord("g"))
+_REGULAR = (ord("0"), 0, ord("7"))
+
+
 def _walk_headers(shard: str, source: Any) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The walk from header to header.  Checksums are checked all at once at the end
+    (and before any error the walk meets, so a damaged header is called that)."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
+    header_offsets: list[int] = []
+    headers: list[bytes] = []
     length = source.length
-    at = 0
+    at = window_at = 0
+    window = b""
     long_name = None
     pax: dict[str, str] = {}
-    while True:
-        header = source.read(at, _BLOCK)
-        if len(header) < _BLOCK:
-            if not header and at == length and names:
-                break  # no end-of-archive blocks: tolerated, as Python's tarfile does
-            raise ValueError(f"{shard}: truncated tar file: a header ends at byte "
-                             f"{at + len(header)} of {length}")
-        if header == bytes(_BLOCK):
-            break  # end of archive
-        _checked(header, shard, at)
-        size = _number(header[124:136], shard, at)
-        kind = header[156:157]
-        data_at = at + _BLOCK
-        if size < 0 or data_at + size > length:
-            raise ValueError(f"{shard}: truncated tar file: the member at byte {at} "
-                             f"needs {size} bytes of data, the file ends at {length}")
-        if kind in (b"L", b"x", b"g"):
-            data = source.read(data_at, size)  # bounded by the file's length, checked above
-            if kind == b"L":
-                long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            elif kind == b"x":
-                pax = _pax_records(data, shard, at)
-        else:
-            if kind in (b"0", b"\0", b"7"):
-                name = long_name if long_name is not None else _ustar_name(header)
-                name = pax.get("path", name)
-                if "size" in pax:
-                    size = int(pax["size"])
-                    if size < 0 or data_at + size > length:
-                        raise ValueError(f"{shard}: truncated tar file: the member {name!r} "
-                                         f"needs {size} bytes, the file ends at {length}")
-                names.append(name)
-                offsets.append(data_at)
-                sizes.append(size)
-            long_name, pax = None, {}
-        at = data_at + -(-size // _BLOCK) * _BLOCK
+    try:
+        while True:
+            within = at - window_at
+            if within + _BLOCK > len(window):
+                window, window_at, within = source.read(at, _WINDOW), at, 0
+            header = window[within:within + _BLOCK]
+            if len(header) < _BLOCK:
+                if not header and at == length and names:
+                    break  # no end-of-archive blocks: tolerated, as Python's tarfile does
+                raise ValueError(f"{shard}: truncated tar file: a header ends at byte "
+                                 f"{at + len(header)} of {length}")
+            if header == _ZERO_BLOCK:
+                break  # end of archive
+            header_offsets.append(at)
+            headers.append(header)
+            size = _size(header, shard, at)
+            kind = header[156]
+            data_at = at + _BLOCK
+            if size < 0 or data_at + size > length:
+                raise ValueError(f"{shard}: truncated tar file: the member at byte {at} "
+                                 f"needs {size} bytes of data, the file ends at {length}")
+            if kind in _EXTENDED:
+                within = data_at - window_at
+                data = window[within:within + size] if within + size <= len(window) \
+                    else source.read(data_at, size)  # bounded by the length, checked above
+                if kind == _EXTENDED[0]:
+                    long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                elif kind == _EXTENDED[1] and (b" path=" in data or b" size=" in data):
+                    pax = _pax_records(data, shard, at)  # (records naming neither: skipped)
+            else:
+                if kind in _REGULAR:
+                    name = long_name if long_name is not None else _ustar_name(header)
+                    name = pax.get("path", name)
+                    if "size" in pax:
+                        size = int(pax["size"])
+                        if size < 0 or data_at + size > length:
+                            raise ValueError(f"{shard}: truncated tar file: the member "
+                                             f"{name!r} needs {size} bytes, the file ends "
+                                             f"at {length}")
+                    names.append(name)
+                    offsets.append(data_at)
+                    sizes.append(size)
+                long_name, pax = None, {}
+            at = data_at + ((size + _BLOCK - 1) & -_BLOCK)
+    except ValueError:
+        _check_sums(shard, header_offsets, headers)  # a damaged header is the cause, if any
+        raise
+    _check_sums(shard, header_offsets, headers)
     return names, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64)
+
+
+def _size(header: bytes, shard: str, offset: int) -> int:
+    """A header's size field (octal text, the usual case, parsed at once; else ``_number``)."""
+    field = header[124:136]
+    try:
+        return int(field.rstrip(b"\0 ").lstrip(b" \0") or b"0", 8) if field[0] < 0x80 \
+            else _number(field, shard, offset)
+    except ValueError:
+        return _number(field, shard, offset)
+
+
+def _check_sums(shard: str, offsets: list[int], headers: list[bytes]) -> None:
+    """Every header's stored checksum against the sum of its bytes (the checksum field
+    counted as spaces), summed for all headers at once."""
+    if not headers:
+        return
+    blocks = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(len(headers), _BLOCK)
+    sums = blocks.sum(axis=1, dtype=np.int64) - blocks[:, 148:156].sum(axis=1, dtype=np.int64) \
+        + 8 * 32
+    for number, (header, computed) in enumerate(zip(headers, sums.tolist())):
+        field = header[148:156]
+        try:
+            stored = int(field.rstrip(b"\0 ").lstrip(b" \0") or b"0", 8)
+        except ValueError:
+            stored = _number(field, shard, offsets[number])
+        if stored != computed:
+            raise ValueError(f"{shard}: the tar header at byte {offsets[number]} fails its "
+                             f"checksum: not a tar file, or a damaged one")
 
 
 def _ustar_name(header: bytes) -> str:

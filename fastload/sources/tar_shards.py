@@ -18,12 +18,17 @@ code from the file.  ``transform``, when given, is applied to each sample.
 The member index of every shard is built once from its tar headers and kept
 (``tar_index``); a sample is then one read per member.  A path may be a URL
 (``https://``, ``s3://``: ``remote``, with ``storage_options`` passed to
-fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.  Every sampler,
-``DistributedSampler``, resume and elastic resume apply as to any dataset.
+fsspec and ``timeout`` per request); its index is kept only in ``index_dir``.
+A batch (``__getitems__``, which the DataLoader calls with a batch's indices)
+asks for all its remote samples' bytes at once (at most ``max_concurrency``
+requests in flight) and makes each sample as its bytes arrive, in order.
+Every sampler, ``DistributedSampler``, resume and elastic resume apply as to
+any dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -34,7 +39,7 @@ import numpy as np
 
 from fastload.dataset import Dataset
 from fastload.sources.tables import as_paths, checked_index
-from fastload.sources.remote import RemoteObject, is_url
+from fastload.sources.remote import RemoteClient, RemoteObject, is_url
 from fastload.sources.tar_index import LocalFile, shard_members
 
 __all__ = ["TarShards", "decode_member", "IMAGE_EXTENSIONS"]
@@ -87,17 +92,20 @@ def _group(shard: str, names: list[str]) -> tuple[list[str], list[list[tuple[str
 
 class TarShards(Dataset):
     """``TarShards(paths, index_dir=None, decode=True, transform=None, *,
-    storage_options=None, timeout=30.0)``: see the module."""
+    storage_options=None, timeout=30.0, max_concurrency=32)``: see the module."""
 
     def __init__(self, paths: Any, index_dir: str | None = None, decode: bool = True,
                  transform: Callable[[dict], Any] | None = None, *,
-                 storage_options: dict | None = None, timeout: float = 30.0) -> None:
+                 storage_options: dict | None = None, timeout: float = 30.0,
+                 max_concurrency: int = 32) -> None:
         self.paths = as_paths(paths, "TarShards")
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         self.decode = bool(decode)
         self.transform = transform
-        # Each shard read by ranges: a local file, or an object behind a URL.
-        self._sources = [RemoteObject(path, storage_options, timeout) if is_url(path)
+        # Each shard read by ranges: a local file, or an object behind a URL (all
+        # of them through one client, so a batch's ranges are read together).
+        self._client = RemoteClient(storage_options, timeout, max_concurrency=max_concurrency)
+        self._sources = [RemoteObject(path, client=self._client) if is_url(path)
                          else LocalFile(path) for path in self.paths]
         keys, shard_of, extensions, offsets, sizes, firsts = [], [], [], [], [], [0]
         for number, shard in enumerate(self.paths):
@@ -128,18 +136,49 @@ class TarShards(Dataset):
 
     def __getitem__(self, index: Any) -> Any:
         row = checked_index(index, len(self))
+        return self._sample(row, self._sources[int(self._shard_of[row])].read)
+
+    def _sample(self, row: int, read: Callable[[int, int], bytes]) -> Any:
+        """Sample ``row``, its members read by ``read(offset, size)`` from its shard."""
         shard = int(self._shard_of[row])
-        source = self._sources[shard]
         sample: dict[str, Any] = {"__key__": str(self.keys[row]), "__url__": self.paths[shard]}
         for member in range(int(self._firsts[row]), int(self._firsts[row + 1])):
             size = int(self._sizes[member])
-            data = source.read(int(self._offsets[member]), size)
+            data = read(int(self._offsets[member]), size)
             extension = str(self._extensions[member])
             if len(data) != size:
                 raise ValueError(f"{self.paths[shard]}: truncated tar shard: the member "
                                  f"{sample['__key__']}.{extension} ends past the end of the file")
             sample[extension] = decode_member(extension, data) if self.decode else data
         return sample if self.transform is None else self.transform(sample)
+
+    def _span(self, row: int) -> tuple[int, int]:
+        """The bytes of sample ``row`` in its shard: its members lie one after another."""
+        first, last = int(self._firsts[row]), int(self._firsts[row + 1]) - 1
+        if last < first:
+            return 0, 0
+        return int(self._offsets[first]), int(self._offsets[last]) + int(self._sizes[last])
+
+    def __getitems__(self, indices: list) -> list:
+        """The samples of ``indices`` (a batch).  The remote ones' bytes are all asked for
+        at once and each sample is made as its bytes arrive, in the batch's order."""
+        rows = [checked_index(index, len(self)) for index in indices]
+        remote = [(self.paths[shard], *self._span(row)) for row in rows
+                  if isinstance(self._sources[shard := int(self._shard_of[row])], RemoteObject)]
+        if not remote:
+            return [self._sample(row, self._sources[int(self._shard_of[row])].read)
+                    for row in rows]
+        samples = []
+        with contextlib.closing(self._client.stream(remote)) as arriving:
+            for row in rows:
+                source = self._sources[int(self._shard_of[row])]
+                if not isinstance(source, RemoteObject):
+                    samples.append(self._sample(row, source.read))
+                    continue
+                start, data = self._span(row)[0], next(arriving)
+                samples.append(self._sample(
+                    row, lambda offset, size: data[offset - start:offset - start + size]))
+        return samples
 
     def close(self) -> None:
         """Close the shards this process opened (they are reopened when read again)."""
