@@ -4,8 +4,9 @@ import pickle
 
 import numpy as np
 import pytest
+from required import require
 
-pa = pytest.importorskip("pyarrow")
+pa = require("pyarrow")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ArrowDataset  # noqa: E402
@@ -80,7 +81,7 @@ def test_a_table_columns_and_ragged_rows_go_sample_by_sample():
 
 
 def test_a_hugging_face_cache_file_is_read_as_datasets_reads_it(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets")
     hf = datasets.Dataset.from_dict({"x": list(range(10)), "y": [[i, i] for i in range(10)]}).map(
         lambda b: b, batched=True, cache_file_name=str(tmp_path / "hf.arrow"))
     dataset = ArrowDataset(hf.cache_files[0]["filename"])

@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+from required import require
 
-pa = pytest.importorskip("pyarrow")
+pa = require("pyarrow")
 
 from fastload.sources.arrow_columns import chunk_rows, fixed_width_rows  # noqa: E402
 

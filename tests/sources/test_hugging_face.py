@@ -11,8 +11,9 @@ from batch_compare import assert_same, assert_same_as_torch
 
 import fastload as fl
 from fastload._loading.fetch import whole_batch_rows
+from required import require
 
-datasets = pytest.importorskip("datasets")
+datasets = require("datasets")
 
 ROWS = 203
 

@@ -20,8 +20,9 @@ from images import smooth_photo
 import fastload as fl
 from fastload.rng import seed_transform_rng
 from fastload.vision import transforms as T
+from required import require
 
-datasets = pytest.importorskip("datasets")
+datasets = require("datasets")
 
 from fastload.sources import ImageColumnTransform  # noqa: E402
 from fastload.sources.image_columns import ImageColumnRows  # noqa: E402

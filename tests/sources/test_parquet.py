@@ -4,9 +4,10 @@ import pickle
 
 import numpy as np
 import pytest
+from required import require
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pa = require("pyarrow")
+pq = require("pyarrow.parquet")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ParquetDataset  # noqa: E402

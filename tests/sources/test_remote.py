@@ -9,10 +9,11 @@ import os
 import time
 
 import pytest
+from required import require
 
-wds = pytest.importorskip("webdataset")
-pytest.importorskip("fsspec")
-pytest.importorskip("aiohttp")
+wds = require("webdataset")
+require("fsspec")
+require("aiohttp")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ShardStream, TarShards  # noqa: E402
@@ -121,7 +122,7 @@ def test_a_stream_over_http_splits_and_resumes_as_a_local_one(served):
 
 
 def test_arrow_and_parquet_files_over_http_are_the_local_ones(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    pa = require("pyarrow")
     import pyarrow.parquet as pq
 
     from arrow_tables import numeric_table

@@ -10,10 +10,11 @@ import os
 
 import numpy as np
 import pytest
+from required import require
 
-wds = pytest.importorskip("webdataset")
-pytest.importorskip("fsspec")
-pytest.importorskip("aiohttp")
+wds = require("webdataset")
+require("fsspec")
+require("aiohttp")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import TarShards  # noqa: E402
@@ -120,7 +121,7 @@ def test_failed_ranges_among_many_are_retried_and_a_missing_object_named(shards,
 
 
 def test_a_parquet_batch_reads_its_row_groups_together(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    pa = require("pyarrow")
     import pyarrow.parquet as pq
 
     from fastload.sources import ParquetDataset

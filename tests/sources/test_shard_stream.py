@@ -4,8 +4,9 @@ import collections
 
 import numpy as np
 import pytest
+from required import require
 
-wds = pytest.importorskip("webdataset")
+wds = require("webdataset")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ShardStream  # noqa: E402

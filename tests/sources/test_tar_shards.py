@@ -8,9 +8,10 @@ import tarfile
 
 import numpy as np
 import pytest
+from required import require
 
-wds = pytest.importorskip("webdataset")
-Image = pytest.importorskip("PIL.Image")
+wds = require("webdataset")
+Image = require("PIL.Image")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import TarShards  # noqa: E402

@@ -32,6 +32,7 @@ from fastload.vision import transforms as T
 from fastload.vision.sample_table import SampleTable
 from decode_spy import record_reductions
 from images import save_image, smooth_photo, write_bytes
+from required import require
 
 
 def _tree(root, files):
@@ -698,7 +699,7 @@ def test_forked_readers_do_not_copy_the_sample_table(compact):
     """
     import multiprocessing
 
-    pytest.importorskip("psutil")
+    require("psutil")
     pairs = [(f"/data/imagenet/train/n{k // 1300:08d}/n{k // 1300:08d}_{k}.JPEG", k // 1300)
              for k in range(300_000)]
     samples = SampleTable.from_pairs(pairs, prefix="/data/imagenet/train/") if compact else pairs
