@@ -321,30 +321,51 @@ import numpy as np
 import torch.distributed as dist
 import fastload as fl
 
-# run_ranks' own file store; under torchrun (None) its env:// rendezvous
-dist.init_process_group("gloo", init_method=os.environ.get("FASTLOAD_TEST_INIT_METHOD"))
-phase, out, state_file = sys.argv[1], sys.argv[2], sys.argv[3]
-dataset = fl.ArrayDataset(np.arange(23))
-sampler = fl.DistributedSampler(dataset, seed=5)   # rank and world size from the group
-loader = fl.DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2)
-sampler.set_epoch(4)
-seen = []
-if phase == "first":
+# Three processes of one launch (each imports torch once): ranks 0 and 1 first
+# form a group of 2 of their own and stop after 3 steps; then all three form
+# run_ranks' group of 3 and finish the epoch from rank 0's state.
+first, second, state_file = sys.argv[1], sys.argv[2], sys.argv[3]
+init_method = os.environ["FASTLOAD_TEST_INIT_METHOD"]  # file://STORE?rank=R&world_size=3
+rank = int(os.environ["RANK"])
+
+
+def make_loader():
+    dataset = fl.ArrayDataset(np.arange(23))
+    sampler = fl.DistributedSampler(dataset, seed=5)   # rank and world size from the group
+    loader = fl.DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2)
+    sampler.set_epoch(4)
+    return loader
+
+
+if rank < 2:
+    os.environ["WORLD_SIZE"] = "2"  # as a launcher of 2 ranks would set it
+    store = init_method.split("?")[0]
+    dist.init_process_group("gloo", init_method=f"{store}-first?rank={rank}&world_size=2")
+    loader, seen = make_loader(), []
     for step, batch in enumerate(loader, 1):
         seen += batch[0].tolist()
         if step == 3:
             break
     states = [None] * dist.get_world_size()
     dist.all_gather_object(states, loader.state_dict())
-    if dist.get_rank() == 0:
+    if rank == 0:
         with open(state_file, "w") as f:
             json.dump(states, f)
-else:
-    with open(state_file) as f:
-        states = json.load(f)
-    loader.load_state_dict(states[0])
-    seen = [v for batch in loader for v in batch[0].tolist()]
-with open(out % dist.get_rank(), "w") as f:
+    with open(first % rank, "w") as f:
+        json.dump(seen, f)
+    del loader
+    dist.barrier()
+    dist.destroy_process_group()
+    os.environ["WORLD_SIZE"] = "3"
+
+# Rank 0 wrote the states before it joins this group: every rank finds them.
+dist.init_process_group("gloo", init_method=init_method)
+with open(state_file) as f:
+    states = json.load(f)
+loader = make_loader()
+loader.load_state_dict(states[0])
+seen = [v for batch in loader for v in batch[0].tolist()]
+with open(second % dist.get_rank(), "w") as f:
     json.dump(seen, f)
 dist.barrier()
 dist.destroy_process_group()
@@ -358,8 +379,7 @@ def test_real_ranks_resume_on_another_world_size(torch, tmp_path):
     state_file = str(tmp_path / "states.json")
     first = str(tmp_path / "first-%d.json")
     second = str(tmp_path / "second-%d.json")
-    run_ranks(2, [sys.executable, str(script), "first", first, state_file], timeout=90)
-    run_ranks(3, [sys.executable, str(script), "second", second, state_file], timeout=90)
+    run_ranks(3, [sys.executable, str(script), first, second, state_file], timeout=150)
     seen = [json.load(open(first % r)) for r in range(2)]
     rest = [json.load(open(second % r)) for r in range(3)]
     assert all(len(s) == 9 for s in seen)

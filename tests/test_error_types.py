@@ -288,7 +288,7 @@ def test_spawn_with_a_class_the_worker_cannot_import_is_torchs_runtime_error(tor
 # -- resources: open files, /dev/shm -------------------------------------------
 
 _FD_SCRIPT = """
-import sys
+import os, resource, sys
 sys.path[:0] = [{repo!r}]
 import torch
 import fastload as fl
@@ -304,17 +304,45 @@ class Rows(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return torch.full((4,), i, dtype=torch.float32)
 
-collate = {{"default": None, "holder": lambda b: Holder(torch.stack(b))}}[{collate!r}]
-library = {{"fastload": fl, "torch": torch.utils.data}}[{library!r}]
-try:
-    held = list(library.DataLoader(Rows(), batch_size=2, num_workers=2, collate_fn=collate))
-    print("HELD", len(held))
-except Exception as exc:
-    print("ERROR", type(exc).__name__, "MESSAGE", exc)
+def hold_an_epoch(library):
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096))
+    collate = {{"default": None, "holder": lambda b: Holder(torch.stack(b))}}[{collate!r}]
+    try:
+        held = list(library.DataLoader(Rows(), batch_size=2, num_workers=2, collate_fn=collate))
+        print("HELD", len(held), flush=True)
+    except Exception as exc:
+        print("ERROR", type(exc).__name__, "MESSAGE", exc, flush=True)
+
+# torch is imported once (its import is most of a run); each library runs in a child
+# forked before any loader, as a fresh process would, under a soft limit of 64 files.
+for name, library in (("fastload", fl), ("torch", torch.utils.data)):
+    print("LIBRARY", name, flush=True)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            hold_an_epoch(library)
+            code = 0
+        finally:
+            os._exit(code)
+    print("CHILD", pid, "EXIT", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+os._exit(0)  # nothing of this process's to clean up: skip tearing torch's modules down
 """
 
 _TORCHS_FD_WORDS = ("Too many open files. Communication with the workers is no longer possible. "
                     "Please increase the limit using `ulimit -n` in the shell")
+
+
+def _fd_limit_results(out):
+    """{library: (exception type, message)} from _FD_SCRIPT's output."""
+    results = {}
+    for block in out.split("LIBRARY ")[1:]:
+        name, rest = block.split("\n", 1)
+        assert rest.startswith("ERROR "), (name, out)
+        kind, message = rest[len("ERROR "):].split(" MESSAGE ", 1)
+        message = message.rsplit("\nCHILD ", 1)[0]  # the parent's line follows the child's
+        results[name] = kind, message
+    return results
 
 
 @pytest.mark.timeout(120)
@@ -323,18 +351,19 @@ def test_holding_batches_past_the_open_file_limit_is_torchs_runtime_error(torch,
                                                                           no_leaks, collate):
     # "holder": a batch torch's pickler sends with a descriptor per tensor, in
     # both libraries; the receive fails when none is left.
-    def run(library):
-        script = tmp_path / f"fd_limit_{library}.py"
-        script.write_text(_FD_SCRIPT.format(repo=REPO_DIR, collate=collate, library=library))
-        proc = subprocess.Popen(["prlimit", "--nofile=64:4096", sys.executable, str(script)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        no_leaks.watch_pid(proc.pid)
-        out, err = proc.communicate(timeout=100)
-        assert out.startswith("ERROR "), (out, err[-2000:])
-        kind, message = out[len("ERROR "):].split(" MESSAGE ", 1)
-        return kind, message
-
-    (our_type, ours), (their_type, theirs) = run("fastload"), run("torch")
+    script = tmp_path / "fd_limit.py"
+    script.write_text(_FD_SCRIPT.format(repo=REPO_DIR, collate=collate))
+    proc = subprocess.Popen([sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    no_leaks.watch_pid(proc.pid)
+    out, err = proc.communicate(timeout=100)
+    for pid in re.findall(r"^CHILD (\d+) ", out, re.M):
+        no_leaks.watch_pid(int(pid))
+    assert proc.returncode == 0 and re.findall(r" EXIT (-?\d+)$", out, re.M) == ["0", "0"], \
+        (out, err[-2000:])
+    results = _fd_limit_results(out)
+    assert sorted(results) == ["fastload", "torch"], out
+    (our_type, ours), (their_type, theirs) = results["fastload"], results["torch"]
     assert our_type == their_type == "RuntimeError"
     assert ours.startswith(_TORCHS_FD_WORDS) and theirs.startswith(_TORCHS_FD_WORDS), (ours, theirs)
     # torch's test_fd_limit_exceeded checks for both phrases

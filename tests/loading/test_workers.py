@@ -849,7 +849,10 @@ def test_tensors_inside_pickled_leaves_arrive_as_from_torchs_workers(torch, meth
     # collate_fn travel pickled; plain pickling made their uint16 (and other)
     # tensors fail to unpickle in the main process, crashing the epoch.
     samples = [tensors_of_every_such_dtype(i) for i in range(12)]
-    kwargs = dict(batch_size=4, num_workers=2, collate_fn=collate_into_objects)
+    # A spawned (or forkserver's) worker imports torch to unpickle the tensors, most
+    # of its cost: one such worker sends every batch, the first and the later ones.
+    kwargs = dict(batch_size=4, num_workers=2 if method == "fork" else 1,
+                  collate_fn=collate_into_objects)
     theirs = list(torch.utils.data.DataLoader(samples, **kwargs))
     loader = DataLoader(samples, multiprocessing_context=method, persistent_workers=True, **kwargs)
     for _ in range(2):  # every batch's tensors, not only the first one's
@@ -912,8 +915,10 @@ class EchoIndex:
 def test_index_tensors_of_every_dtype_reach_the_workers_as_in_torch(torch, method, elementwise,
                                                                     no_leaks):
     # Tasks holding a uint16 (and other) tensor were pickled plainly, which
-    # torch 2.13 cannot unpickle: the worker died at its first task.
-    kwargs = dict(batch_sampler=IndexTensorBatches(elementwise), num_workers=2,
+    # torch 2.13 cannot unpickle: the worker died at its first task.  A spawned
+    # worker imports torch, most of its cost: one takes every task there.
+    kwargs = dict(batch_sampler=IndexTensorBatches(elementwise),
+                  num_workers=1 if method == "spawn" else 2,
                   multiprocessing_context=method, collate_fn=list)
     theirs = list(torch.utils.data.DataLoader(EchoIndex(), **kwargs))
     ours = list(DataLoader(EchoIndex(), **kwargs))
