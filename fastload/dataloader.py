@@ -30,6 +30,7 @@ import numbers
 import os
 import warnings
 import weakref
+from time import perf_counter
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fastload.collate import default_collate, default_convert
@@ -45,8 +46,10 @@ from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSam
 from fastload._loading.iterators import _BaseIter, _SingleProcessIter
 from fastload._loading.pinning import pin_device
 from fastload._loading.reaping import join_exiting_workers
+from fastload._loading.report import LoaderReport, make_report
 from fastload._loading.settings import BatchSettings, LoaderSettings
 from fastload._loading.sharding_check import warn_if_unsharded
+from fastload._loading.time_ledger import TimeLedger
 from fastload._loading.worker_iterator import _MultiProcessIter
 
 __all__ = ["DataLoader"]
@@ -204,6 +207,7 @@ class DataLoader(Generic[_T_co]):
         # Ring slots one epoch of new workers leaves for the next (fork only):
         # NOTE [ Slots that outlive an epoch ] in _ring/spares.py.
         self._spare_slots = SpareSlots()
+        self._ledger = TimeLedger()  # where the time went: report()
         self.check_worker_number_rationality()
 
     # -- torch's attribute rules -------------------------------------------
@@ -293,18 +297,34 @@ class DataLoader(Generic[_T_co]):
 
     def __iter__(self) -> "_BaseIter":
         warn_if_unsharded(self, stacklevel=2)  # every rank the same samples: say so, once
-        if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is not None and not self._iterator.closed \
-                    and has_state(self) and needs_fresh_workers(self._pending_state):
-                self._iterator.shutdown()  # its copies of the dataset have moved on
-            if self._iterator is None or self._iterator.closed:
-                self._iterator = self._get_iterator()
-            else:
-                self._iterator.reset(self._IterableDataset_len_called, self._pending_state)
-                self._pending_state = None
-                self._progress = self._iterator.progress
-            return self._iterator
-        return self._get_iterator()
+        started = perf_counter()
+        try:
+            if self.persistent_workers and self.num_workers > 0:
+                if self._iterator is not None and not self._iterator.closed \
+                        and has_state(self) and needs_fresh_workers(self._pending_state):
+                    self._iterator.shutdown()  # its copies of the dataset have moved on
+                if self._iterator is None or self._iterator.closed:
+                    self._iterator = self._get_iterator()
+                else:
+                    self._iterator.reset(self._IterableDataset_len_called, self._pending_state)
+                    self._pending_state = None
+                    self._progress = self._iterator.progress
+                return self._iterator
+            return self._get_iterator()
+        finally:
+            self._ledger.startup += perf_counter() - started
+
+    def report(self, reset: bool = False) -> LoaderReport:
+        """Where the time went since this loader was made (or last reset): the share of
+        the consumer's time spent waiting for data in ``next()``, each stage's share of
+        making a batch, per worker, and a verdict in words (``str()`` of the report).
+
+        ``reset=True`` starts a new account after this one (e.g. once per epoch).
+        """
+        report = make_report(self._ledger, self.num_workers)
+        if reset:
+            self._ledger.reset()
+        return report
 
     def _get_iterator(self) -> "_BaseIter":
         """A new iterator for one epoch, as torch's method of this name.
@@ -346,7 +366,7 @@ class DataLoader(Generic[_T_co]):
             index_sampler=self._index_sampler, kept_order=order_keeping(self),
             split=distributed_split(self),
             len_called=self._IterableDataset_len_called, pin_memory=pinning[0],
-            pin_memory_device=pinning[1], spare_slots=self._spare_slots)
+            pin_memory_device=pinning[1], spare_slots=self._spare_slots, ledger=self._ledger)
 
     def _warn_about_pin_memory(self) -> tuple[bool, str | None]:
         """torch's warnings, where it gives them: as an iterator is made (a

@@ -52,3 +52,4 @@ class LoaderSettings:
     pin_memory: bool                   # whether batches are pinned (NOTE [ Where batches are pinned ])
     pin_memory_device: str | None
     spare_slots: Any                   # the loader's SpareSlots (fork, new workers each epoch)
+    ledger: Any                        # the loader's TimeLedger (loader.report())

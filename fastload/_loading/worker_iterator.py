@@ -14,6 +14,7 @@ import numbers
 import os
 import sys
 import time
+from time import perf_counter
 from typing import Any, Iterator
 
 import numpy as np
@@ -32,7 +33,8 @@ from fastload._loading.copy_on_read import warn_of_large_containers
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
-    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, batch_task, \
+    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, TIMES, \
+    batch_task, \
     dataset_state_task, epoch_task, retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
@@ -92,7 +94,7 @@ at_fork("inherited iterators", after_in_child=_disown_inherited_iterators)
 class _MultiProcessIter(_BaseIter):
     """Batches made by worker processes into ring slots, handed out in order."""
 
-    _DELIVER_DEPTH = 3  # __next__, _next, _deliver
+    _DELIVER_DEPTH = 4  # __next__, _next_batch, _next, _deliver
     # The process whose workers these are, in a child that inherited this
     # iterator by fork (``_disown_inherited_iterators``).
     inherited_from: int | None = None
@@ -205,6 +207,7 @@ class _MultiProcessIter(_BaseIter):
         """A new epoch on the same workers (persistent_workers); ``len_called``:
         the loader's ``len()`` of an IterableDataset, as last asked."""
         self._len_called = len_called
+        self._handed_at, self._first_batch = None, True  # loader.report()'s account
         with self._worker_death_raises():
             self._drain()
             self._refresh_snapshots()
@@ -317,7 +320,9 @@ class _MultiProcessIter(_BaseIter):
     def _receive(self, awaited: int | None = None) -> tuple[int, tuple]:
         """``(worker, reply)``: the next reply from ``awaited`` (None: any worker) or
         from a dying worker; dead workers and timeouts raise."""
+        blocked_from = perf_counter()
         got = self._pool.receive(self._timeout, awaited)
+        self._ledger.blocked += perf_counter() - blocked_from
         if got is None:
             # As torch's, the iterator stays usable: the next call waits for the
             # batch again.  A worker is stuck in the caller's code, though: if
@@ -325,10 +330,12 @@ class _MultiProcessIter(_BaseIter):
             self._pool.exit_grace = 0.0
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
-        if len(reply) > SNAPSHOT:  # the snapshot of a dataset with state_dict (dataset_state)
-            if self._snapshots is not None:
-                self._snapshots.arrive(reply[BATCH_NO], reply[SNAPSHOT])
-            reply = reply[:SNAPSHOT]
+        if len(reply) > TIMES:  # an answer to a batch task: its worker's stage totals
+            if len(reply) > SNAPSHOT:  # the snapshot of a dataset with state_dict (dataset_state)
+                if self._snapshots is not None:
+                    self._snapshots.arrive(reply[BATCH_NO], reply[SNAPSHOT])
+            self._times.workers[worker] = reply[TIMES]
+            reply = reply[:TIMES]
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
             try:
@@ -366,7 +373,7 @@ class _MultiProcessIter(_BaseIter):
             self._load[worker] -= 1
         return worker, reply
 
-    def __next__(self) -> Any:
+    def _next_batch(self) -> Any:
         try:
             return self._next()
         except KeyboardInterrupt:
@@ -465,6 +472,7 @@ class _MultiProcessIter(_BaseIter):
     def shutdown(self) -> None:
         """Stop the workers and close the ring; held batches stay valid."""
         self.closed = True
+        self._times.done = True
         self._finalizer()
 
     # torch's name, which code calls to free a persistent loader's workers
