@@ -26,6 +26,7 @@ from fastload._lifetime.hooks import at_fork
 from fastload._lifetime.weak_registry import WeakRegistry
 from fastload._loading.errors import ArrivalError, IterArgumentError, WorkerDied
 from fastload._loading.iterators import _BaseIter
+from fastload._loading.autotune import MAX_PREFETCH, AutoWorkers
 from fastload._loading.pool import WorkerPool
 from fastload._loading.reaping import running, show_workers, shown_workers
 from fastload._loading.settings import LoaderSettings
@@ -125,8 +126,13 @@ class _MultiProcessIter(_BaseIter):
         if method != "fork":
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
-        self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
+        auto = settings.autopilot
+        # Tasks are sized for the deepest ring prefetch_factor="auto" may reach.
+        self._pool = WorkerPool(context, self._num_workers, payload, base_seed,
+                                MAX_PREFETCH if auto and auto.auto_prefetch else self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
+        self._seed_per_batch = settings.seed_per_batch
+        self._auto = AutoWorkers(self, auto, settings.auto_choice) if auto is not None else None
         self.owner_pid = os.getpid()
         self._finalizer = tear_down_when_gone(self, self._pool, self._ring)
         _worker_iterators.add(self)
@@ -144,16 +150,20 @@ class _MultiProcessIter(_BaseIter):
     # -- epochs --------------------------------------------------------------
 
     def _start_dispatch(self, base_seed: int) -> None:
-        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every))
+        self._base_seed = base_seed
+        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every, self._seed_per_batch))
         self._tasks.clear()
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
-        self._active = [True] * self._num_workers
+        self._active = [worker not in self._pool.retired for worker in range(self._num_workers)]
         # Batch k goes to worker k % num_workers, also when resuming at k.
         self._rotation = self._next_batch_no % self._num_workers
         self._next_to_yield = self._next_batch_no
         self._indices_exhausted = False
         self._resume_datasets()
+        if self._auto is not None:
+            self._auto.top_up()
+            return
         for _ in range(self._num_workers * self._prefetch):
             self._dispatch()
 
@@ -268,6 +278,8 @@ class _MultiProcessIter(_BaseIter):
         Out of order, a worker is passed over while it has its share of the
         tasks in flight (torch's rule).
         """
+        if self._auto is not None:
+            return self._auto.pick()
         count = self._num_workers
         capacity = None
         if not self._in_order:
@@ -371,6 +383,8 @@ class _MultiProcessIter(_BaseIter):
             payload.reraise()
         if batch_no in self._tasks:
             self._load[worker] -= 1
+            if self._auto is not None:
+                self._auto.answered(worker)
         return worker, reply
 
     def _next_batch(self) -> Any:
@@ -409,7 +423,11 @@ class _MultiProcessIter(_BaseIter):
                     if self._source.as_torch:
                         layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
-                    self._dispatch()
+                    if self._auto is not None:
+                        self._auto.tick()
+                        self._auto.top_up()
+                    else:
+                        self._dispatch()
                     if self._snapshots is not None:
                         self._snapshots.hand(worker, batch_no)
                     return self._deliver(batch_no, batch)

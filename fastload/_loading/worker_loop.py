@@ -33,7 +33,7 @@ from fastload._loading.wire.messages import BATCH, BATCH_NO, CREATED, EPOCH, IND
     RESEND_LAYOUTS, RETIRE, SLOT_ID, SNAPSHOT_REQUEST, STOP, STOP_BYTES, batch_reply, \
     failed_reply, snapshot_reply, start_failed_reply, stream_ended_reply, with_snapshot, with_times
 from fastload._loading.wire.payload import PickledPayload, unpickle_payload
-from fastload._loading.worker_info import start_as_worker
+from fastload._loading.worker_info import seed_for_batch, start_as_worker
 
 __all__ = ["worker_loop"]
 
@@ -235,7 +235,7 @@ class _Worker:
     """A started worker: its dataset, batch source, slot writer and layout numbering."""
 
     __slots__ = ("dataset", "source", "where", "writer", "layouts", "pipes", "stateful",
-                 "snapshot_every", "made")
+                 "snapshot_every", "made", "seed_per_batch")
 
     def __init__(self, dataset: Any, source: BatchSource, stateful: bool, where: str,
                  writer: SlotWriter, pipes: _Pipes) -> None:
@@ -248,6 +248,7 @@ class _Worker:
         self.stateful = stateful
         self.snapshot_every = 1
         self.made = 0  # batches made this epoch, for the snapshots' cadence
+        self.seed_per_batch = False  # num_workers="auto": see seed_for_batch
 
     def answer_tasks(self) -> bool:
         """Until told to stop (False) or the main process is gone (True)."""
@@ -292,7 +293,7 @@ class _Worker:
         kind = message[KIND]
         if kind == EPOCH:
             self.source.start_epoch(message[1])
-            self.snapshot_every, self.made = message[2], 0
+            self.snapshot_every, self.made, self.seed_per_batch = message[2], 0, message[3]
         elif kind == RETIRE:
             self.writer.forget(message[1], message[2])
         elif kind == RESEND_LAYOUTS[KIND]:
@@ -323,6 +324,8 @@ class _Worker:
             indices = np.frombuffer(indices, dtype=np.int64)
         allocation = self.writer.allocator(slot_info)
         where, slot_id = self.where, slot_info.slot_id
+        if self.seed_per_batch:
+            seed_for_batch(self.source.base_seed, batch_no)
         try:
             layout = self.source.make_into(batch_no, indices, kernel_batch, allocation)
             error = None

@@ -9,10 +9,12 @@ than a tuple subclass, on the per-batch path of both processes.
 
 Tasks, main process -> worker (field 0 is the kind):
 
-* ``epoch_task(base_seed, snapshot_every)``: a new epoch starts (new
-  transform seeds, an IterableDataset starts over); a dataset copy with
-  state is snapshotted with every ``snapshot_every``-th batch (0: never)
-  and with its stream's end;
+* ``epoch_task(base_seed, snapshot_every, seed_per_batch)``: a new epoch
+  starts (new transform seeds, an IterableDataset starts over); a dataset
+  copy with state is snapshotted with every ``snapshot_every``-th batch (0:
+  never) and with its stream's end; with ``seed_per_batch``
+  (``num_workers="auto"``) every generator is seeded for each batch from
+  ``(base_seed, batch number)``;
 * ``batch_task(batch_no, slot, kernel_batch, indices)``: make batch
   ``batch_no`` in ``slot`` (a ``SlotInfo`` as a tuple).  ``kernel_batch``:
   ``indices`` is the bytes of our BatchSampler kernel's int64 array (the
@@ -83,8 +85,8 @@ STOP = None
 STOP_BYTES = pickle.dumps(STOP)  # as the main process sends it, and a worker looks for it
 
 
-def epoch_task(base_seed: int, snapshot_every: int) -> tuple:
-    return (EPOCH, base_seed, snapshot_every)
+def epoch_task(base_seed: int, snapshot_every: int, seed_per_batch: bool = False) -> tuple:
+    return (EPOCH, base_seed, snapshot_every, seed_per_batch)
 
 
 def batch_task(batch_no: int, slot: tuple, kernel_batch: bool, indices: Any) -> tuple:
