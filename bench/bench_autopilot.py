@@ -10,13 +10,17 @@ after each batch, standing in for a training step):
   that long to settle: 10 s in the issue), then measured for ``--seconds``;
   its peak memory (workers' PSS + the ring, sampled every 50 ms) against
   its budget (``--budget-mb``, default the loader's own: half the available
-  memory);
+  memory), sampled every 100 ms (in every fastload run, so that the watch's
+  own CPU is in all of them);
 * Grain: ``pick_performance_config`` (its RAM-budget rule) picks the
   ``mp_prefetch`` workers for the same samples and batches (grain.MapDataset
-  ... .batch ... .mp_prefetch), measured the same way;
-* tf.data: the same samples through ``tf.py_function`` (the Python sample
-  code is what the pipelines share), ``num_parallel_calls=AUTOTUNE`` and
-  ``prefetch(AUTOTUNE)``.
+  ... .batch ... .mp_prefetch), measured the same way, for the pipelines
+  written as a sample function (io, gil-python, numpy-pillow, heavy-collate;
+  the other four use fastload's datasets, samplers and collates);
+* tf.data: the same samples (those four pipelines) through
+  ``tf.py_function`` (the Python sample code is what the pipelines share:
+  it runs under the GIL, in tf.data's threads), ``num_parallel_calls=AUTOTUNE``
+  and ``prefetch(AUTOTUNE)``.
 
 Per run: samples/s, the consumer's data wait (fastload's ``report()``; for
 the peers the share of time spent in ``next()``), CPU-seconds per sample
@@ -191,7 +195,7 @@ def pipeline(name: str, scratch: str) -> dict:
 
 class Watch:
     """CPU seconds of this process and its children, and peak memory of a loader's
-    workers and ring, sampled every 50 ms in a thread."""
+    workers and ring, sampled every 100 ms in a thread."""
 
     def __init__(self, iterator: Any = None) -> None:
         import psutil
@@ -215,14 +219,14 @@ class Watch:
             first = self._cpu.get(process.pid, (cpu, cpu))[0]
             self._cpu[process.pid] = (first, cpu)
         iterator = self._iterator
-        if iterator is not None and not iterator.closed:
+        if iterator is not None and not iterator.closed and hasattr(iterator, "_pool"):
             pool = iterator._pool
             pids = [pool.processes[w].pid for w in pool.live_workers if w < len(pool.processes)]
             total = sum(worker_memory(pid) or 0 for pid in pids) + iterator._ring.mapped_bytes()
             self.peak_memory = max(self.peak_memory, total)
 
     def _run(self) -> None:
-        while not self._done.wait(0.05):
+        while not self._done.wait(0.1):
             self._sample()
 
     def stop(self) -> float:
@@ -284,8 +288,8 @@ def run_fastload(spec: dict, workers: Any, step: float, args: argparse.Namespace
     loader = fl.DataLoader(spec["dataset"], generator=0, **options)
     batches = endless(loader)
     warm = args.auto_seconds if workers == "auto" else 0.5
-    result = measure(batches, step, args.seconds, warm,
-                     (lambda: loader._last_iterator()) if workers == "auto" else None)
+    # Every fastload run's memory is watched, so that the watch's own CPU is in all of them.
+    result = measure(batches, step, args.seconds, warm, lambda: loader._last_iterator())
     result["workers"] = loader._auto_choice.get("num_workers") if workers == "auto" else workers
     batches.close()
     return result

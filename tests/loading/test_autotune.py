@@ -233,3 +233,18 @@ def test_the_climb_adds_while_it_gains_and_settles_when_it_stops():
     # Settled, only the budget still moves it.
     assert climb.judge(19.0, 0.4, 0.0, 4, 900, 400, 1000) is None
     assert climb.judge(19.0, 0.4, 0.0, 4, 1100, 400, 1000) == ("retire", 1)
+
+
+def test_workers_added_under_forkserver_unpickle_the_dataset_and_change_no_batch():
+    from datasets_for_workers import SlowDataset
+
+    dataset = SlowDataset(n=800, delay=0.005)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto",
+                           multiprocessing_context="forkserver")
+    got = [(images.copy(), labels.copy()) for images, labels in loader]
+    assert loader._auto_choice["num_workers"] > 1  # added mid-epoch, from the pickled payload
+    want = list(reference(dataset, 1, batch_size=2))
+    assert len(got) == len(want) == 400
+    for (images, labels), (want_images, want_labels) in zip(got, want):
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(labels, want_labels)
