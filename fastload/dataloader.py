@@ -390,7 +390,7 @@ class DataLoader(Generic[_T_co]):
         ``reset=True`` starts a new account after this one (e.g. once per epoch).
         """
         workers = self._auto_choice.get("num_workers", self.num_workers)  # auto: the last choice
-        report = make_report(self._ledger, workers)
+        report = make_report(self._ledger, workers, autopilot=self._autopilot is not None)
         if reset:
             self._ledger.reset()
         return report

@@ -263,8 +263,12 @@ class AutoWorkers:
         decision = self.climb.judge(batches / spent, blocked, idle_share, needed,
                                     memory, per_worker, self.budget)
         if decision is not None and decision[0] == "add":
-            for _ in range(decision[1]):
-                self._add_worker()
+            try:
+                for _ in range(decision[1]):
+                    self._add_worker()
+            except BaseException:
+                self.iterator.shutdown()  # a worker half started (fork failed): stop them all
+                raise
         elif decision is not None and decision[0] == "retire":
             for _ in range(decision[1]):
                 self._retire_one()

@@ -90,6 +90,7 @@ class LoaderReport:
     blocked_seconds: float     # of wait_seconds: the main process blocked on workers
     makers: tuple[MakerTimes, ...]
     cpus: int                  # CPUs this process may run on
+    autopilot: bool = False    # num_workers="auto": num_workers is its latest choice
     verdict: str = field(default="", compare=False)
 
     @property
@@ -175,8 +176,9 @@ class LoaderReport:
         return self.verdict + "\n" + _table(self)
 
 
-def make_report(ledger: TimeLedger, num_workers: int) -> LoaderReport:
-    """The report of ``ledger``'s account so far."""
+def make_report(ledger: TimeLedger, num_workers: int, autopilot: bool = False) -> LoaderReport:
+    """The report of ``ledger``'s account so far (``autopilot``: ``num_workers`` is
+    ``"auto"``'s latest choice)."""
     makers = tuple(_maker(worker, totals) for worker, totals in
                    sorted(ledger.makers().items(), key=lambda item: -1 if item[0] is None
                           else item[0]))
@@ -184,7 +186,7 @@ def make_report(ledger: TimeLedger, num_workers: int) -> LoaderReport:
                           wait_seconds=ledger.wait, first_batches=ledger.first_batches,
                           first_wait_seconds=ledger.first_wait, step_seconds=ledger.step,
                           startup_seconds=ledger.startup, blocked_seconds=ledger.blocked,
-                          makers=makers, cpus=_cpus())
+                          makers=makers, cpus=_cpus(), autopilot=autopilot)
     return dataclasses.replace(report, verdict=_verdict(report))
 
 
@@ -201,6 +203,12 @@ def _cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _worker_count(report: LoaderReport) -> str:
+    if report.autopilot:
+        return f"num_workers='auto', {report.num_workers} at the latest choice"
+    return f"{report.num_workers} workers"
 
 
 def _workers(count: int) -> str:
@@ -222,7 +230,7 @@ def _verdict(report: LoaderReport) -> str:
     lines = [f"data loading costs {100 * report.wait_share:.0f} % of step time: the consumer "
              f"waited {_ms(report.wait_seconds / steady)} per batch in next() and spent "
              f"{_ms(report.step_seconds / report.batches)} between batches ({report.batches} "
-             f"batches, {report.num_workers} workers; {start})"]
+             f"batches, {_worker_count(report)}; {start})"]
     making, taking, needed = report.batch_seconds, report.consumer_seconds_per_batch, \
         report.workers_needed
     cpu_share = report.cpu_share

@@ -24,9 +24,9 @@ from fastload._ring import Ring, near_open_file_limit, too_many_open_files, uses
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
 from fastload._lifetime.weak_registry import WeakRegistry
+from fastload._loading.autotune import MAX_PREFETCH, AutoWorkers
 from fastload._loading.errors import ArrivalError, IterArgumentError, WorkerDied
 from fastload._loading.iterators import _BaseIter
-from fastload._loading.autotune import MAX_PREFETCH, AutoWorkers
 from fastload._loading.pool import WorkerPool
 from fastload._loading.reaping import running, show_workers, shown_workers
 from fastload._loading.settings import LoaderSettings
@@ -35,8 +35,7 @@ from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
     SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, TIMES, \
-    batch_task, \
-    dataset_state_task, epoch_task, retire_task
+    batch_task, dataset_state_task, epoch_task, retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
 __all__ = ["_MultiProcessIter"]
@@ -218,8 +217,10 @@ class _MultiProcessIter(_BaseIter):
         the loader's ``len()`` of an IterableDataset, as last asked."""
         self._len_called = len_called
         self._handed_at, self._first_batch = None, True  # loader.report()'s account
+        blocked = self._ledger.blocked  # draining is no wait of the consumer's
         with self._worker_death_raises():
             self._drain()
+            self._ledger.blocked = blocked
             self._refresh_snapshots()
             base_seed = self._begin_epoch(resume, same_workers=True)
             self._start_dispatch(base_seed)

@@ -65,6 +65,10 @@ def test_sleep_bound_samples_get_more_workers_than_one():
     run(loader, seconds=5.0)
     assert loader._auto_choice["num_workers"] >= 3
     assert loader.num_workers == 1  # the climb's choice applies from the next epoch on
+    report = loader.report()  # every worker the climb started is in the account
+    assert report.autopilot and report.num_workers == loader._auto_choice["num_workers"]
+    assert len(report.makers) >= report.num_workers
+    assert f"num_workers='auto', {report.num_workers} at the latest choice" in str(report)
 
 
 def test_a_consumer_bound_loop_keeps_one_worker():
@@ -155,7 +159,9 @@ def test_workers_that_grow_200_mb_each_stay_under_the_budget():
     finally:
         done.set()
         watcher.join()
-    assert loader._auto_choice["num_workers"] == 2  # sleeping samples: more would help
+    # Sleeping samples: without the budget the climb reaches 3 or more (the first
+    # test); with it, at most 2 (1 when the load made the second look useless).
+    assert 1 <= loader._auto_choice["num_workers"] <= 2
     assert grow < peak[0] <= budget
     del iterator
 
