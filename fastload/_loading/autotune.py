@@ -44,9 +44,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fastload._loading.memory_budget import default_budget, worker_memory
+from fastload._loading.memory_budget import default_budget
 from fastload._loading.reaping import shown_workers
-from fastload._loading.stage_clock import BATCHES, COLLATE, FETCH, IDLE, SEND, unpack
+from fastload._loading.stage_clock import BATCHES, COLLATE, FETCH, IDLE, MEMORY, SEND, unpack
 from fastload._loading.wire.layouts import LayoutReceiver
 from fastload._loading.wire.messages import epoch_task
 
@@ -227,15 +227,23 @@ class AutoWorkers:
         return _Window(ledger.batches, ledger.wait, ledger.step, ledger.blocked)
 
     def memory(self) -> tuple[int | None, int | None]:
-        """(workers' PSS + the ring's bytes, the largest worker's PSS), or (None, None)."""
-        sizes = [worker_memory(self.iterator._pool.processes[w].pid)
-                 for w in self.iterator._pool.live_workers]
-        known = [size for size in sizes if size is not None]
+        """(workers' memory + the ring's bytes, what one more worker would add), or
+        (None, None) before any worker said.  Each worker sends its own PSS with its
+        answers (``stage_clock``); one that has not yet is counted as the largest."""
+        iterator = self.iterator
+        times = iterator._times.workers
+        sizes = []
+        for worker in iterator._pool.live_workers:
+            packed = times[worker] if worker < len(times) else None
+            sizes.append(unpack(packed)[MEMORY] if packed is not None else -1.0)
+        known = [size for size in sizes if size >= 0]
         if not known:
             return None, None
-        total = sum(known) + self.iterator._ring.mapped_bytes()
+        largest = max(known)
+        total = int(sum(size if size >= 0 else largest for size in sizes)) \
+            + iterator._ring.mapped_bytes()
         self.peak_memory = max(self.peak_memory, total)
-        return total, max(known) + self.iterator._ring.slot_bytes() * self.climb.prefetch
+        return total, int(largest) + iterator._ring.slot_bytes() * self.climb.prefetch
 
     def tick(self) -> None:
         """After a batch is handed out: judge the window once it is long enough."""

@@ -4,7 +4,9 @@ A worker is counted at its PSS (proportional set size: its private pages
 plus its share of each page it shares, with the main process and the other
 workers, as forked copy-on-write pages are), read from
 ``/proc/<pid>/smaps_rollup``; PSS summed over processes counts a shared page
-once.  Where that file is missing (Linux before 4.14, other systems) a
+once.  Reading it walks the process's page tables (milliseconds), so each
+worker reads its own, when its resident size moved, and sends it with its
+stage totals (``stage_clock.StageTotals``): the main process reads none.  Where that file is missing (Linux before 4.14, other systems) a
 worker is counted at its resident size, which counts shared pages in full: a
 budget then errs on the safe side.  The ring's slots are memory files,
 counted once at their size (``Ring.mapped_bytes``).
@@ -16,14 +18,13 @@ under the tightest memory cgroup limit.
 
 from __future__ import annotations
 
-import os
 
+from fastload._loading.stage_clock import pss_bytes, resident_bytes
 from fastload._ring.room import cgroup_memory_room
 
 __all__ = ["DEFAULT_SHARE", "available_memory", "default_budget", "worker_memory"]
 
 DEFAULT_SHARE = 0.5
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def available_memory() -> int | None:
@@ -50,18 +51,6 @@ def default_budget() -> int | None:
 
 
 def worker_memory(pid: int) -> int | None:
-    """A worker's memory in bytes: its PSS, else its resident size; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass  # no such process, or no smaps_rollup: tell which by statm
-    except (OSError, ValueError, IndexError):
-        return None
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
+    """A process's memory in bytes: its PSS, else its resident size; None once it is gone."""
+    pss = pss_bytes(pid)
+    return pss if pss is not None else resident_bytes(pid)

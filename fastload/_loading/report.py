@@ -231,8 +231,7 @@ def _verdict(report: LoaderReport) -> str:
              f"waited {_ms(report.wait_seconds / steady)} per batch in next() and spent "
              f"{_ms(report.step_seconds / report.batches)} between batches ({report.batches} "
              f"batches, {_worker_count(report)}; {start})"]
-    making, taking, needed = report.batch_seconds, report.consumer_seconds_per_batch, \
-        report.workers_needed
+    making, needed = report.batch_seconds, report.workers_needed
     cpu_share = report.cpu_share
     if making is not None:
         lines.append(f"making a batch takes {'a worker' if report.num_workers else 'the main process'} "

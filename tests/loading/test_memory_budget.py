@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fastload._loading import memory_budget
+from fastload._loading.stage_clock import MEMORY, StageTotals
 from fastload._loading.memory_budget import DEFAULT_SHARE, available_memory, default_budget, \
     worker_memory
 
@@ -34,17 +35,25 @@ def test_a_gone_process_counts_nothing():
 
 
 def test_without_smaps_rollup_the_resident_size_is_counted(monkeypatch):
-    real_open = open
-
-    def no_rollup(path, *args, **kwargs):
-        if str(path).endswith("smaps_rollup"):
-            raise FileNotFoundError(path)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(memory_budget, "open", no_rollup, raising=False)
+    monkeypatch.setattr(memory_budget, "pss_bytes", lambda pid: None)
     with open(f"/proc/{os.getpid()}/statm") as f:
         resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert worker_memory(os.getpid()) == pytest.approx(resident, rel=0.1)
+
+
+def test_a_worker_keeps_its_pss_current_by_its_resident_size():
+    totals = StageTotals()
+    totals.watch_memory = True
+    totals.sample_cpu(1.0)
+    first = totals.seconds[MEMORY]
+    assert first == pytest.approx(_pss_from_smaps(os.getpid()), rel=0.05)
+    ballast = np.ones(64 << 20, dtype=np.uint8)  # past PSS_REREAD_BYTES: read again
+    totals.sample_cpu(2.0)
+    assert totals.seconds[MEMORY] - first >= 60 << 20
+    del ballast
+    quiet = StageTotals()
+    quiet.sample_cpu(1.0)
+    assert quiet.seconds[MEMORY] == -1  # only num_workers="auto" weighs memory
 
 
 def test_the_default_budget_is_the_stated_share_of_the_available_memory(monkeypatch):
