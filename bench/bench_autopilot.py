@@ -10,8 +10,8 @@ after each batch, standing in for a training step):
   that long to settle: 10 s in the issue), then measured for ``--seconds``;
   its peak memory (workers' PSS + the ring, sampled every 50 ms) against
   its budget (``--budget-mb``, default the loader's own: half the available
-  memory), sampled every 100 ms (in every fastload run, so that the watch's
-  own CPU is in all of them);
+  memory), sampled every 100 ms in every fastload run (the watch's own CPU,
+  reading /proc, is left out of the CPU figures);
 * Grain: ``pick_performance_config`` (its RAM-budget rule) picks the
   ``mp_prefetch`` workers for the same samples and batches (grain.MapDataset
   ... .batch ... .mp_prefetch), measured the same way, for the pipelines
@@ -204,12 +204,20 @@ class Watch:
         self._iterator = iterator
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (first, last) CPU seconds
         self.peak_memory = 0
+        self._own_cpu = 0.0  # the watch's own CPU seconds, left out of the figure
         self._done = threading.Event()
         self._sample()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
+        began = time.thread_time()
+        try:
+            self._read()
+        finally:
+            self._own_cpu += time.thread_time() - began
+
+    def _read(self) -> None:
         for process in [self._me, *self._me.children(recursive=True)]:
             try:
                 times = process.cpu_times()
@@ -234,7 +242,7 @@ class Watch:
         self._done.set()
         self._thread.join()
         self._sample()
-        return sum(last - first for first, last in self._cpu.values())
+        return sum(last - first for first, last in self._cpu.values()) - self._own_cpu
 
 
 def _samples_in(batch: Any) -> int:
@@ -288,7 +296,7 @@ def run_fastload(spec: dict, workers: Any, step: float, args: argparse.Namespace
     loader = fl.DataLoader(spec["dataset"], generator=0, **options)
     batches = endless(loader)
     warm = args.auto_seconds if workers == "auto" else 0.5
-    # Every fastload run's memory is watched, so that the watch's own CPU is in all of them.
+    # Every fastload run's memory is watched alike.
     result = measure(batches, step, args.seconds, warm, lambda: loader._last_iterator())
     result["workers"] = loader._auto_choice.get("num_workers") if workers == "auto" else workers
     batches.close()

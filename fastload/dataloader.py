@@ -44,7 +44,7 @@ from fastload.resume import EpochProgress, check_state, epoch_sampler, make_stat
 from fastload._ring import SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from fastload._loading.autotune import AutoOptions, max_workers
+from fastload._loading.autotune import AutoOptions, max_workers, usable_cpus
 from fastload._loading.iterators import _BaseIter, _SingleProcessIter
 from fastload._loading.memory_budget import DEFAULT_SHARE
 from fastload._loading.pinning import pin_device
@@ -104,7 +104,7 @@ def _checked_auto_options(num_workers: Any, prefetch_factor: Any, memory_budget:
     start_prefetch = 2 if auto_prefetch or prefetch_factor is None else int(prefetch_factor)
     return AutoOptions(start_workers=1, start_prefetch=start_prefetch, auto_prefetch=auto_prefetch,
                        memory_budget=None if memory_budget is None else int(memory_budget),
-                       max_workers=max_workers())
+                       max_workers=max_workers(), cpus=usable_cpus())
 
 
 def _checked_worker_options(num_workers: Any, timeout: float, prefetch_factor: int | None,

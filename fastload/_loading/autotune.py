@@ -17,7 +17,9 @@ consumer's time) and the share of it spent blocked on workers in ``next()``
   most of the time: try one worker fewer; if the consumer then waits, add it
   back and settle;
 * workers plus ring over the budget: retire one (never the last), whatever
-  the rate, and never grow past that count again.
+  the rate, and never grow past that count again;
+* workers on a CPU most of their busy time (CPU-bound, as ``report()`` tells
+  it) never outnumber the CPUs: more would only take the consumer's CPU.
 
 A window right after a change is not judged (a new worker is starting up).
 Settling is final for the epoch but for the budget, which is checked every
@@ -46,11 +48,14 @@ from typing import Any
 
 from fastload._loading.memory_budget import default_budget
 from fastload._loading.reaping import shown_workers
-from fastload._loading.stage_clock import BATCHES, COLLATE, FETCH, IDLE, MEMORY, SEND, unpack
+from fastload._loading.report import CPU_BOUND_SHARE
+from fastload._loading.stage_clock import BATCHES, COLLATE, CPU, CPU_BUSY, FETCH, IDLE, MEMORY, \
+    SEND, unpack
 from fastload._loading.wire.layouts import LayoutReceiver
 from fastload._loading.wire.messages import epoch_task
 
-__all__ = ["AutoOptions", "AutoWorkers", "HillClimb", "MAX_PREFETCH", "max_workers"]
+__all__ = ["AutoOptions", "AutoWorkers", "HillClimb", "MAX_PREFETCH", "max_workers",
+           "usable_cpus"]
 
 WINDOW = 0.3             # seconds of the consumer's time per judged window, at least
 WINDOW_BATCHES = 4       # and batches
@@ -61,13 +66,16 @@ SETTLE_SECONDS = 10.0    # the climb settles by then, at the best rate seen
 MAX_PREFETCH = 8
 
 
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def max_workers() -> int:
     """Workers the climb may reach: I/O-bound datasets may use more than the CPUs."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(4, 4 * cpus)
+    return max(4, 4 * usable_cpus())
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class AutoOptions:
     auto_prefetch: bool
     memory_budget: int | None     # bytes; None: the default share, read as the epoch starts
     max_workers: int
+    cpus: int = 1                 # CPUs this process may run on: CPU-bound workers' cap
 
 
 @dataclass
@@ -110,11 +119,14 @@ class HillClimb:
         self._best: tuple[float, int] = (0.0, workers)
         self._max_step = options.max_workers               # 1 once a larger step failed
         self._second_look = False                           # a trial's window, judged twice
+        self._cpu_bound = False
 
     def judge(self, rate: float, wait_share: float, idle_share: float, needed: int | None,
-              memory: int | None, per_worker: int | None,
-              budget: int | None) -> tuple[str, int] | None:
-        """``needed``: about how many workers would keep up (the report's estimate)."""
+              memory: int | None, per_worker: int | None, budget: int | None,
+              cpu_bound: bool = False) -> tuple[str, int] | None:
+        """``needed``: about how many workers would keep up (the report's estimate);
+        ``cpu_bound``: the workers are on a CPU most of their busy time."""
+        self._cpu_bound = cpu_bound
         if budget is not None and memory is not None and memory > budget and self.workers > 1:
             self.cap = self.workers - 1
             return self._change("retire", 1, rate, trial=False)
@@ -171,11 +183,13 @@ class HillClimb:
             self.prefetch += 1
             self._skip = True
             return ("deepen", 1)
+        # CPU-bound workers past the CPUs only take the consumer's CPU: never more.
+        cap = min(self.cap, max(self.options.cpus, 1)) if self._cpu_bound else self.cap
         count = 1 if needed is None else needed - self.workers
-        count = max(1, min(count, self.workers, self._max_step, self.cap - self.workers))
+        count = max(1, min(count, self.workers, self._max_step, cap - self.workers))
         while count > 0 and not self._fits(memory, per_worker, budget, count):
             count -= 1
-        if count <= 0 or self.workers >= self.cap:
+        if count <= 0 or self.workers >= cap:
             self.settled = True              # at the cap or the budget
             return None
         return self._change("add", count, rate)
@@ -269,7 +283,7 @@ class AutoWorkers:
         # (The next() in progress has its blocked time counted, not yet its wait: at most 1.)
         blocked = min((mark.blocked - self._window.blocked) / spent, 1.0)
         decision = self.climb.judge(batches / spent, blocked, idle_share, needed,
-                                    memory, per_worker, self.budget)
+                                    memory, per_worker, self.budget, self._cpu_bound())
         if decision is not None and decision[0] == "add":
             try:
                 for _ in range(decision[1]):
@@ -317,6 +331,18 @@ class AutoWorkers:
         iterator._times.workers.append(None)
         pool.send(worker, epoch_task(iterator._base_seed, iterator._snapshot_every, True))
         shown_workers(iterator._workers_key).append(pool.processes[worker])
+
+    def _cpu_bound(self) -> bool:
+        """Whether the live workers are on a CPU most of their busy time (as the report
+        tells it: CPU seconds per busy second between their CPU readings)."""
+        cpu = busy = 0.0
+        times = self.iterator._times.workers
+        for worker in self.iterator._pool.live_workers:
+            if worker < len(times) and times[worker] is not None:
+                totals = unpack(times[worker])
+                if totals[CPU] >= 0:
+                    cpu, busy = cpu + totals[CPU], busy + totals[CPU_BUSY]
+        return busy > 0 and cpu / busy >= CPU_BOUND_SHARE
 
     def _worker_totals(self) -> tuple[float, float, float, float]:
         """(idle seconds, all seconds, busy seconds, batches made), summed over the

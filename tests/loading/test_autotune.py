@@ -256,3 +256,14 @@ def test_workers_added_under_forkserver_unpickle_the_dataset_and_change_no_batch
     for (images, labels), (want_images, want_labels) in zip(got, want):
         np.testing.assert_array_equal(images, want_images)
         np.testing.assert_array_equal(labels, want_labels)
+
+
+def test_cpu_bound_workers_never_outnumber_the_cpus():
+    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16, cpus=2)
+    climb = HillClimb(2, 2, options, clock=lambda: 0.0)
+    # The consumer waits, 8 workers would keep up, but the work is CPU-bound.
+    assert climb.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=True) is None
+    assert climb.settled and climb.workers == 2
+    waiting = HillClimb(2, 2, options, clock=lambda: 0.0)  # waiting on I/O: past the CPUs
+    assert waiting.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=False) == ("add", 2)
