@@ -2,6 +2,7 @@
 keeps under its memory budget, and keeps order and determinism while it adds and
 retires workers mid-epoch (against a fixed count seeded per batch, as auto is)."""
 
+import dataclasses
 import os
 import random
 import signal
@@ -267,3 +268,27 @@ def test_cpu_bound_workers_never_outnumber_the_cpus():
     assert climb.settled and climb.workers == 2
     waiting = HillClimb(2, 2, options, clock=lambda: 0.0)  # waiting on I/O: past the CPUs
     assert waiting.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=False) == ("add", 2)
+
+
+def test_auto_prefetch_deepens_the_ring_when_the_consumer_waits_on_idle_workers():
+    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=True,
+                          memory_budget=None, max_workers=16, cpus=2)
+    climb = HillClimb(2, 2, options, clock=lambda: 0.0)
+    # Waiting while the workers sit idle half the time: bursts the ring cannot smooth.
+    assert climb.judge(10.0, 0.3, 0.6, 3, None, None, None) == ("deepen", 1)
+    assert climb.prefetch == 3 and climb.workers == 2
+    fixed = HillClimb(2, 2, dataclasses.replace(options, auto_prefetch=False),
+                      clock=lambda: 0.0)
+    assert fixed.judge(10.0, 0.3, 0.6, 3, None, None, None) == ("add", 1)
+
+
+def test_auto_prefetch_keeps_order_and_batches():
+    dataset = Sleepy(200, 0.003)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto", prefetch_factor="auto",
+                           generator=4)
+    got = run(loader, step=0.002)
+    assert 2 <= loader._auto_choice["prefetch_factor"] <= 8
+    want = run(reference(dataset, 2, batch_size=2, generator=4))
+    assert len(got) == len(want) == 100
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
