@@ -99,7 +99,8 @@ class TimeLedger:
 
     def __getstate__(self) -> dict:
         # A pickled loader (a spawned worker's payload, a copy) starts a fresh account.
-        return {}
+        # (Not an empty dict: pickle calls no __setstate__ for a false state.)
+        return {"fresh": True}
 
     def __setstate__(self, state: dict) -> None:
         self.iterators = []

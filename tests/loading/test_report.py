@@ -156,3 +156,14 @@ def test_before_any_batch_the_report_says_so():
     report = loader.report()
     assert report.batches == 0 and report.wait_share == 0.0 and report.workers_needed is None
     assert str(report).startswith("no batches handed out yet")
+
+
+def test_a_pickled_loader_starts_a_fresh_account():
+    import pickle
+
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(16.0)), batch_size=4)
+    consume(loader, 0.0)
+    copy = pickle.loads(pickle.dumps(loader))
+    assert loader.report().batches == 4 and copy.report().batches == 0
+    consume(copy, 0.0)
+    assert copy.report().batches == 4
