@@ -42,7 +42,6 @@ import itertools
 import json
 import os
 import random
-import statistics
 import struct
 import sys
 import tempfile
