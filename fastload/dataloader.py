@@ -23,6 +23,7 @@ skips the index batches already yielded (no data is fetched for them).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import multiprocessing
@@ -30,23 +31,28 @@ import numbers
 import os
 import warnings
 import weakref
+from time import perf_counter
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import is_iterable_dataset
 from fastload.dataset_state import check_dataset_section, check_dataset_workers, \
-    dataset_section, has_state, needs_fresh_workers
+    dataset_section, has_state, is_stateful, needs_fresh_workers
 from fastload.elastic import distributed_split, rebase_to_split, record_split
 from fastload.kept_order import kept_order_section, order_keeping, warn_if_order_unknown
 from fastload.resume import EpochProgress, check_state, epoch_sampler, make_state, seed_streams
 from fastload._ring import SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from fastload._loading.autotune import AutoOptions, max_workers, usable_cpus
 from fastload._loading.iterators import _BaseIter, _SingleProcessIter
+from fastload._loading.memory_budget import DEFAULT_SHARE
 from fastload._loading.pinning import pin_device
 from fastload._loading.reaping import join_exiting_workers
+from fastload._loading.report import LoaderReport, make_report
 from fastload._loading.settings import BatchSettings, LoaderSettings
 from fastload._loading.sharding_check import warn_if_unsharded
+from fastload._loading.time_ledger import TimeLedger
 from fastload._loading.worker_iterator import _MultiProcessIter
 
 __all__ = ["DataLoader"]
@@ -62,6 +68,43 @@ class _InfiniteConstantSampler(Sampler):
 
     def __iter__(self) -> Iterator[None]:
         return itertools.repeat(None)
+
+
+def _checked_auto_options(num_workers: Any, prefetch_factor: Any, memory_budget: Any,
+                          dataset: Any) -> AutoOptions | None:
+    """``num_workers="auto"``'s options (None for a fixed count), checked."""
+    auto_workers = isinstance(num_workers, str)
+    auto_prefetch = isinstance(prefetch_factor, str)
+    if auto_workers and num_workers != "auto":
+        raise ValueError(f"num_workers should be an int >= 0 or 'auto', but got {num_workers!r}")
+    if auto_prefetch and (prefetch_factor != "auto" or not auto_workers):
+        raise ValueError(f"prefetch_factor should be an int, or 'auto' with num_workers='auto', "
+                         f"but got prefetch_factor={prefetch_factor!r} with "
+                         f"num_workers={num_workers!r}")
+    if not auto_workers:
+        if memory_budget is not None:
+            raise ValueError(f"memory_budget is the budget of num_workers='auto'; with "
+                             f"num_workers={num_workers!r} it would limit nothing: leave it None")
+        return None
+    if memory_budget is not None and (isinstance(memory_budget, bool)
+                                      or not isinstance(memory_budget, numbers.Integral)
+                                      or memory_budget <= 0):
+        raise ValueError(f"memory_budget should be a number of bytes > 0 (None: "
+                         f"{int(100 * DEFAULT_SHARE)} % of the available memory), but got "
+                         f"memory_budget={memory_budget!r}")
+    if is_iterable_dataset(dataset) or is_stateful(dataset):
+        kind = "an IterableDataset splits its stream" if is_iterable_dataset(dataset) else \
+            "a dataset with state_dict keeps a state per worker copy"
+        raise ValueError(f"num_workers='auto' needs a map-style dataset without state_dict: "
+                         f"{kind} by worker, and the autopilot adds and retires workers "
+                         f"mid-epoch; give num_workers as an int")
+    if not auto_prefetch and prefetch_factor is not None and prefetch_factor < 1:
+        raise ValueError(f"prefetch_factor must be >= 1 with num_workers='auto', "
+                         f"but got {prefetch_factor}")
+    start_prefetch = 2 if auto_prefetch or prefetch_factor is None else int(prefetch_factor)
+    return AutoOptions(start_workers=1, start_prefetch=start_prefetch, auto_prefetch=auto_prefetch,
+                       memory_budget=None if memory_budget is None else int(memory_budget),
+                       max_workers=max_workers(), cpus=usable_cpus())
 
 
 def _checked_worker_options(num_workers: Any, timeout: float, prefetch_factor: int | None,
@@ -101,13 +144,29 @@ def _checked_worker_options(num_workers: Any, timeout: float, prefetch_factor: i
     return num_workers, prefetch_factor
 
 
+def _checked_choice(choice: Any) -> dict:
+    """A state's ``autopilot`` section, checked: where the climb was."""
+    try:
+        workers, prefetch = int(choice["num_workers"]), int(choice["prefetch_factor"])
+    except (TypeError, KeyError, ValueError):
+        raise ValueError(f"DataLoader state_dict's 'autopilot' should be a dict of "
+                         f"num_workers and prefetch_factor, but got {choice!r:.200}") from None
+    if workers < 1 or prefetch < 1:
+        raise ValueError(f"DataLoader state_dict's 'autopilot' holds num_workers={workers} and "
+                         f"prefetch_factor={prefetch}; both should be >= 1")
+    return {"num_workers": workers, "prefetch_factor": prefetch}
+
+
 class DataLoader(Generic[_T_co]):
     """Combines a dataset and a sampler, and iterates over the dataset in batches.
 
     Same arguments and semantics as ``torch.utils.data.DataLoader``; batches
     are numpy arrays (``output="torch"``: tensors sharing their memory).  With
     ``num_workers > 0`` each batch is a set of views of a shared-memory slot
-    that stays reserved while you hold any of them.
+    that stays reserved while you hold any of them.  ``num_workers="auto"``
+    (and ``prefetch_factor="auto"``) choose the count while the epoch runs,
+    under ``memory_budget`` bytes (NOTE [ The autopilot's hill climb ] in
+    ``_loading/autotune.py``); ``report()`` says where the time went.
     """
 
     # Name-mangled as torch's (``_DataLoader__initialized``): subclasses such as
@@ -122,7 +181,19 @@ class DataLoader(Generic[_T_co]):
                  multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  in_order: bool = True, pin_memory_device: str = "",
-                 output: str = "numpy", snapshot_every_n_steps: int = 1) -> None:
+                 output: str = "numpy", snapshot_every_n_steps: int = 1,
+                 memory_budget: int | None = None) -> None:
+        # num_workers="auto" (autotune.py): the loader starts the climb's choice, an int.
+        self._autopilot = _checked_auto_options(num_workers, prefetch_factor, memory_budget,
+                                                dataset)
+        self.memory_budget = memory_budget
+        if self._autopilot is not None:
+            num_workers, prefetch_factor = 1, self._autopilot.start_prefetch
+        # What the climb chose: the next epoch, and a state, start from it.
+        self._auto_choice: dict = {}
+        # Every generator seeded per batch, as in auto mode, with a fixed count too
+        # (private: the tests compare auto's batches with a fixed count's).
+        self._seed_per_batch = False
         num_workers, prefetch_factor = _checked_worker_options(
             num_workers, timeout, prefetch_factor, persistent_workers, output)
         if not isinstance(snapshot_every_n_steps, numbers.Integral) \
@@ -204,6 +275,7 @@ class DataLoader(Generic[_T_co]):
         # Ring slots one epoch of new workers leaves for the next (fork only):
         # NOTE [ Slots that outlive an epoch ] in _ring/spares.py.
         self._spare_slots = SpareSlots()
+        self._ledger = TimeLedger()  # where the time went: report()
         self.check_worker_number_rationality()
 
     # -- torch's attribute rules -------------------------------------------
@@ -256,8 +328,8 @@ class DataLoader(Generic[_T_co]):
         From a line of the loader's (``stacklevel=2``), as torch's, so
         Python's default filter shows it once per place it is checked.
         """
-        if self.num_workers == 0:
-            return
+        if self.num_workers == 0 or self._autopilot is not None:
+            return  # "auto" chooses the count itself, past the CPUs when that helps
         try:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
@@ -295,18 +367,35 @@ class DataLoader(Generic[_T_co]):
         warn_if_unsharded(self, stacklevel=2)  # every rank the same samples: say so, once
         if self._pending_state is not None:
             check_dataset_workers(self._pending_state, self)
-        if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is not None and not self._iterator.closed \
-                    and has_state(self) and needs_fresh_workers(self._pending_state):
-                self._iterator.shutdown()  # its copies of the dataset have moved on
-            if self._iterator is None or self._iterator.closed:
-                self._iterator = self._get_iterator()
-            else:
-                self._iterator.reset(self._IterableDataset_len_called, self._pending_state)
-                self._pending_state = None
-                self._progress = self._iterator.progress
-            return self._iterator
-        return self._get_iterator()
+        started = perf_counter()
+        try:
+            if self.persistent_workers and self.num_workers > 0:
+                if self._iterator is not None and not self._iterator.closed \
+                        and has_state(self) and needs_fresh_workers(self._pending_state):
+                    self._iterator.shutdown()  # its copies of the dataset have moved on
+                if self._iterator is None or self._iterator.closed:
+                    self._iterator = self._get_iterator()
+                else:
+                    self._iterator.reset(self._IterableDataset_len_called, self._pending_state)
+                    self._pending_state = None
+                    self._progress = self._iterator.progress
+                return self._iterator
+            return self._get_iterator()
+        finally:
+            self._ledger.startup += perf_counter() - started
+
+    def report(self, reset: bool = False) -> LoaderReport:
+        """Where the time went since this loader was made (or last reset): the share of
+        the consumer's time spent waiting for data in ``next()``, each stage's share of
+        making a batch, per worker, and a verdict in words (``str()`` of the report).
+
+        ``reset=True`` starts a new account after this one (e.g. once per epoch).
+        """
+        workers = self._auto_choice.get("num_workers", self.num_workers)  # auto: the last choice
+        report = make_report(self._ledger, workers, autopilot=self._autopilot is not None)
+        if reset:
+            self._ledger.reset()
+        return report
 
     def _get_iterator(self) -> "_BaseIter":
         """A new iterator for one epoch, as torch's method of this name.
@@ -337,6 +426,13 @@ class DataLoader(Generic[_T_co]):
         """What the epoch about to start runs with (its iterator reads nothing else of ours)."""
         batch = BatchSettings(self._iterable, self._auto_collation, self.collate_fn,
                               self.batch_size, self.drop_last)
+        auto = self._autopilot
+        if auto is not None and self._auto_choice:
+            # The last epoch's (or a state's) choice is where this one starts.
+            self.num_workers = self._auto_choice["num_workers"]
+            self.prefetch_factor = self._auto_choice["prefetch_factor"]
+            auto = dataclasses.replace(auto, start_workers=self.num_workers,
+                                       start_prefetch=self.prefetch_factor)
         return LoaderSettings(
             dataset=self.dataset, batch=batch, output=self.output, num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor, timeout=self.timeout, in_order=self.in_order,
@@ -348,7 +444,9 @@ class DataLoader(Generic[_T_co]):
             index_sampler=self._index_sampler, kept_order=order_keeping(self),
             split=distributed_split(self),
             len_called=self._IterableDataset_len_called, pin_memory=pinning[0],
-            pin_memory_device=pinning[1], spare_slots=self._spare_slots)
+            pin_memory_device=pinning[1], spare_slots=self._spare_slots, ledger=self._ledger,
+            autopilot=auto, auto_choice=self._auto_choice,
+            seed_per_batch=auto is not None or self._seed_per_batch)
 
     def _warn_about_pin_memory(self) -> tuple[bool, str | None]:
         """torch's warnings, where it gives them: as an iterator is made (a
@@ -401,6 +499,9 @@ class DataLoader(Generic[_T_co]):
             quiet = self._seed_source.quiet_preview()
             if quiet is not None:
                 state["next_base_seed"] = quiet
+        if self._autopilot is not None:  # a resumed run starts where the climb was
+            state["autopilot"] = dict(self._auto_choice) or {
+                "num_workers": self.num_workers, "prefetch_factor": self.prefetch_factor}
         section = dataset_section(self, self._progress)
         if section is not None:
             state["dataset"] = section
@@ -416,6 +517,10 @@ class DataLoader(Generic[_T_co]):
         The state is checked now against this loader (its dataset length,
         batch size, samplers and generator): a mismatch is a ValueError naming it.
         """
+        state = dict(state)
+        choice = state.pop("autopilot", None)
         checked = check_state(rebase_to_split(state, self), self, self._rng_sources())
         check_dataset_section(checked, self)
+        if choice is not None and self._autopilot is not None:
+            self._auto_choice.update(_checked_choice(choice))
         self._pending_state = checked

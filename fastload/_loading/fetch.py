@@ -33,6 +33,7 @@ for every batch, as torch looks the map up at every call.
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Any, Callable
 
 import numpy as np
@@ -43,6 +44,7 @@ from fastload.collate import (BatchLayout, ArraySlot, MappingNode, PlannedLayout
                               is_string_or_object_dtype, pack_into, private_buffer, to_torch)
 from fastload.dataset import ArrayDataset, Subset, int64_indices
 from fastload._loading.settings import BatchSettings
+from fastload._loading.stage_clock import SAMPLE_SECONDS, StageTotals
 from fastload.collate import PadCollate
 from fastload.rng import seed_transform_rng
 
@@ -181,6 +183,8 @@ class BatchSource:
         self._base_seed = 0
         self._iterator = None
         self._exhausted = False
+        # Seconds spent per stage on the batches made here (loader.report()).
+        self.totals = StageTotals()
 
     def open_stream(self) -> None:
         """Start an IterableDataset's stream: ``iter(dataset)``, once an epoch.
@@ -366,34 +370,60 @@ class BatchSource:
     def make(self, batch_no: int, indices: Any, kernel_batch: bool) -> Any:
         """One batch as the caller sees it (single-process loading); see ``_fetch``."""
         seed_transform_rng(self._base_seed, batch_no)
+        start = perf_counter()
         rows = self._integer_rows(indices, kernel_batch)
         gathered = None if rows is None else self._gather(rows, private_buffer)
         if gathered is not None:
             layout, buffer = gathered
-        elif self.default_collate and fn_map_is_pristine():
-            layout, buffer = collate_into(self._fetch(indices, kernel_batch), planned=self._planned)
-        elif self._layout_collate is not None:
-            layout, buffer = self._layout_collate(self._fetch(indices, kernel_batch))
         else:
-            batch = self.collate_fn(self._fetch(indices, kernel_batch))
-            # as_torch with a changed map: no layout says which leaves are data.
-            return to_torch(batch) if self.as_torch else batch
+            sample_seconds = SAMPLE_SECONDS.decode, SAMPLE_SECONDS.transform
+            data = self._fetch(indices, kernel_batch)
+            fetched = perf_counter()
+            if self.default_collate and fn_map_is_pristine():
+                layout, buffer = collate_into(data, planned=self._planned)
+            elif self._layout_collate is not None:
+                layout, buffer = self._layout_collate(data)
+            else:
+                batch = self.collate_fn(data)
+                self._count(start, fetched, sample_seconds)
+                # as_torch with a changed map: no layout says which leaves are data.
+                return to_torch(batch) if self.as_torch else batch
         if self.as_torch:
             layout.as_torch()
         # The values come out of the layout: a kept one holds none between batches.
-        return layout.build(buffer, layout.detach_values())
+        batch = layout.build(buffer, layout.detach_values())
+        if gathered is not None:  # as in make_into: all of it counts as fetching
+            self.totals.made(perf_counter() - start, 0.0, 0.0, 0.0)
+        else:
+            self._count(start, fetched, sample_seconds)
+        return batch
 
     def make_into(self, batch_no: int, indices: Any, kernel_batch: bool,
                   allocate: Callable[[int], np.ndarray]) -> BatchLayout:
         """One batch written into ``allocate``'s buffer; returns its layout (workers)."""
         seed_transform_rng(self._base_seed, batch_no)
+        start = perf_counter()
         rows = self._integer_rows(indices, kernel_batch)
         gathered = None if rows is None else self._gather(rows, allocate)
         if gathered is not None:
+            # Gathered straight into the buffer: all of it counts as fetching.
+            self.totals.made(perf_counter() - start, 0.0, 0.0, 0.0)
             return gathered[0]
+        sample_seconds = SAMPLE_SECONDS.decode, SAMPLE_SECONDS.transform
         data = self._fetch(indices, kernel_batch)
+        fetched = perf_counter()
         if self.default_collate and fn_map_is_pristine():
-            return collate_into(data, allocate, self._planned)[0]
-        if self._layout_collate is not None:
-            return self._layout_collate(data, allocate)[0]
-        return pack_into(self.collate_fn(data), allocate)[0]
+            layout = collate_into(data, allocate, self._planned)[0]
+        elif self._layout_collate is not None:
+            layout = self._layout_collate(data, allocate)[0]
+        else:
+            layout = pack_into(self.collate_fn(data), allocate)[0]
+        self._count(start, fetched, sample_seconds)
+        return layout
+
+    def _count(self, start: float, fetched: float, sample_seconds: tuple[float, float]) -> None:
+        """Add a batch made from ``start``, fetched at ``fetched``, collated until now.
+        ``sample_seconds``: ``SAMPLE_SECONDS`` as the fetch began (its decode and transform)."""
+        decode, transform = sample_seconds
+        self.totals.made(fetched - start, SAMPLE_SECONDS.decode - decode,
+                         SAMPLE_SECONDS.transform - transform, perf_counter() - fetched)

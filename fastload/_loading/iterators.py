@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
+from time import perf_counter
 from typing import Any, Iterator, NoReturn
 
 import numpy as np
@@ -64,7 +65,7 @@ class _BaseIter:
 
     closed = False
     # Frames from the caller's next() down to _deliver: a warning there points at the caller.
-    _DELIVER_DEPTH = 2
+    _DELIVER_DEPTH = 3
 
     def __init__(self, settings: LoaderSettings) -> None:
         self._source = BatchSource(settings.dataset, settings.batch)
@@ -87,6 +88,12 @@ class _BaseIter:
         self._split = settings.split
         self._len_called = settings.len_called
         self.progress = EpochProgress([], None)
+        # loader.report()'s account: the consumer's seconds in and between next() calls.
+        self._ledger = settings.ledger
+        self._times = settings.ledger.new_iterator(settings.num_workers)
+        self._handed_at: float | None = None  # when the last batch was handed out
+        # The wait for workers' first batch is start-up, kept apart from the steady wait.
+        self._first_batch = settings.num_workers > 0
 
     @property
     def epoch_finished(self) -> bool:
@@ -218,6 +225,48 @@ class _BaseIter:
     def __iter__(self) -> "_BaseIter":
         return self
 
+    def __next__(self) -> Any:
+        # The consumer's step is the time since the last batch was handed out;
+        # its wait for data, the time in here (loader.report()).
+        entered = perf_counter()
+        ledger = self._ledger
+        if self._handed_at is not None:
+            ledger.step += entered - self._handed_at
+            self._handed_at = None
+        blocked = ledger.blocked
+        try:
+            batch = self._next_batch()
+        except StopIteration:
+            self._account(entered, blocked, ended=True)
+            raise
+        except BaseException:
+            self._account(entered, blocked)
+            raise
+        self._account(entered, blocked)
+        ledger.batches += 1
+        self._handed_at = perf_counter()
+        return batch
+
+    def _account(self, entered: float, blocked: float, ended: bool = False) -> None:
+        """Count a next() call from ``entered``: an epoch's end and workers' first
+        batch (start-up) apart from the steady wait for data; ``blocked``: the
+        ledger's blocked seconds before the call, kept for what is set apart."""
+        ledger = self._ledger
+        spent = perf_counter() - entered
+        if ended or self._first_batch:
+            if ended:
+                ledger.startup += spent
+            else:
+                ledger.first_wait += spent
+                ledger.first_batches += 1
+            ledger.blocked = blocked
+        else:
+            ledger.wait += spent
+        self._first_batch = False
+
+    def _next_batch(self) -> Any:
+        raise NotImplementedError
+
     def __len__(self) -> int:
         return len(self._index_sampler)
 
@@ -252,13 +301,14 @@ class _SingleProcessIter(_BaseIter):
             resume_stream(self._source, snap, replay, section.get("next_epoch", False))
         if self._source.iterable or is_stateful(self._dataset):
             self.progress.datasets = MainSnapshot(self._source)
+        self._times.main = self._source.totals.seconds
         if self._source.iterable and not self._source.stream_ended \
                 and self._source.stream is None:
             # As torch: the dataset's iter() runs now, so its errors (even a
             # StopIteration) come out of iter(loader).  (A worker's runs at its first batch.)
             self._source.open_stream()
 
-    def __next__(self) -> Any:
+    def _next_batch(self) -> Any:
         if self.epoch_finished:
             raise StopIteration
         while self._skip_after and self._skips_next():
@@ -267,6 +317,7 @@ class _SingleProcessIter(_BaseIter):
             indices = next(self._indices)
         except StopIteration:
             self.epoch_finished = True
+            self._times.done = True
             raise
         # Numbered before it is made, as a worker's task is: a batch that raises
         # does not shift the transform seeds of the ones after it.

@@ -150,6 +150,10 @@ class WorkerPool:
         # ``inherited_slots`` (fork only): ring slots the workers write through
         # the mappings they inherit (NOTE [ Slots that outlive an epoch ]).
         self._args = (num_workers, payload, base_seed, os.getpid(), inherited_slots or {})
+        # What a worker added later is started with (num_workers="auto"), and the
+        # workers retired since: their exit is no error.
+        self._later_args = (payload, base_seed, os.getpid())
+        self.retired: set[int] = set()
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
         self._task_fds: list[int] = []
@@ -162,21 +166,26 @@ class WorkerPool:
         capacities = []
         try:
             for _ in range(num_workers):
-                task_reader, task_writer = context.Pipe(duplex=False)
-                result_reader, result_writer = context.Pipe(duplex=False)
-                self._task_conns.append(task_writer)
-                self._result_conns.append(result_reader)
-                self._task_fds.append(task_writer.fileno())
-                self._readers.append(FrameReader(result_reader.fileno()))
-                self._child_ends.append((task_reader, result_writer))
-                pipe_ends.track(task_reader, task_writer, result_reader, result_writer)
-                capacities += [_enlarge_pipe(task_writer), _enlarge_pipe(result_writer)]
+                capacities += self._make_pipes()
         except BaseException:
             self.shutdown()
             raise
         # Every unread task (at most `prefetch`, plus control messages) must
         # fit in the smallest pipe at once; see NOTE [ Why sending a task never blocks ].
+        self._prefetch = prefetch
         self._max_task_bytes = min(capacities, default=_DEFAULT_PIPE_BYTES) // (prefetch + 2)
+
+    def _make_pipes(self) -> list[int]:
+        """A new worker's two pipes; returns their capacities."""
+        task_reader, task_writer = self.context.Pipe(duplex=False)
+        result_reader, result_writer = self.context.Pipe(duplex=False)
+        self._task_conns.append(task_writer)
+        self._result_conns.append(result_reader)
+        self._task_fds.append(task_writer.fileno())
+        self._readers.append(FrameReader(result_reader.fileno()))
+        self._child_ends.append((task_reader, result_writer))
+        pipe_ends.track(task_reader, task_writer, result_reader, result_writer)
+        return [_enlarge_pipe(task_writer), _enlarge_pipe(result_writer)]
 
     def start(self) -> None:
         """Launch the workers (on failure, stop the ones already started)."""
@@ -205,29 +214,10 @@ class WorkerPool:
             gc.freeze()
         try:
             for worker_id, (task_reader, result_writer) in enumerate(self._child_ends):
-                process = self.context.Process(
-                    target=worker_loop,
-                    args=(worker_id, num_workers, payload, task_reader, result_writer, base_seed,
-                          parent_pid, inherited_slots),
-                    daemon=True,
-                )
-                # Listed before it starts: an exception raised while it starts
-                # (by a handler of the caller's signals) must not lose it.
-                self.processes.append(process)
-                reaping.workers_of_this_process.add(process)
-                # start() returns once the child is launched, not once it has
-                # imported anything: all workers start up concurrently.
-                process.start()
-                self._pids.append(process.pid)
+                self._launch(worker_id, task_reader, result_writer,
+                             (worker_id, num_workers, payload, task_reader, result_writer,
+                              base_seed, parent_pid, inherited_slots))
                 self._release_held(worker_id)
-                # The worker's ends: EOF then means the worker is gone.
-                pipe_ends.close(task_reader)
-                pipe_ends.close(result_writer)
-                result_fd = self._result_conns[worker_id].fileno()
-                self._worker_of_fd[result_fd] = worker_id
-                self._process_of_fd[process.sentinel] = process
-                self._poller.register(result_fd, select.POLLIN)
-                self._poller.register(process.sentinel, select.POLLIN)
             for worker_id, conn in enumerate(self._result_conns):
                 poller = select.poll()
                 poller.register(conn.fileno(), select.POLLIN)
@@ -243,6 +233,83 @@ class WorkerPool:
             self._child_ends = []
             self._held = None
             self._args = None  # the workers have it; inherited slots must not outlive the ring
+
+    def _launch(self, worker_id: int, task_reader: Any, result_writer: Any, args: tuple) -> None:
+        """Start worker ``worker_id``'s process and watch its answers and its death."""
+        process = self.context.Process(target=worker_loop, args=args, daemon=True)
+        # Listed before it starts: an exception raised while it starts
+        # (by a handler of the caller's signals) must not lose it.
+        self.processes.append(process)
+        reaping.workers_of_this_process.add(process)
+        # start() returns once the child is launched, not once it has
+        # imported anything: all workers start up concurrently.
+        process.start()
+        self._pids.append(process.pid)
+        # The worker's ends: EOF then means the worker is gone.
+        pipe_ends.close(task_reader)
+        pipe_ends.close(result_writer)
+        result_fd = self._result_conns[worker_id].fileno()
+        self._worker_of_fd[result_fd] = worker_id
+        self._process_of_fd[process.sentinel] = process
+        self._poller.register(result_fd, select.POLLIN)
+        self._poller.register(process.sentinel, select.POLLIN)
+
+    def add_worker(self, num_workers: int) -> int:
+        """Start one more worker (``num_workers="auto"``) and return its id, the next
+        one (a retired worker's id is not reused).  ``num_workers``: what its
+        ``get_worker_info().num_workers`` says.  Its tasks may be sent at once."""
+        payload, base_seed, parent_pid = self._later_args
+        worker_id = len(self._task_conns)
+        capacities = self._make_pipes()
+        self._max_task_bytes = min(self._max_task_bytes, min(capacities) // (self._prefetch + 2))
+        task_reader, result_writer = self._child_ends.pop()
+        freeze = self.context.get_start_method() == "fork" and gc.get_freeze_count() == 0
+        with signals_held():  # as start(): it forks, and drops the worker's pipe ends
+            if freeze:  # see _start_workers
+                gc.collect(1)
+                gc.freeze()
+            try:
+                self._launch(worker_id, task_reader, result_writer,
+                             (worker_id, num_workers, payload, task_reader, result_writer,
+                              base_seed, parent_pid, {}))
+            finally:
+                if freeze:
+                    gc.unfreeze()
+        process = self.processes[worker_id]
+        poller = select.poll()
+        poller.register(self._result_conns[worker_id].fileno(), select.POLLIN)
+        for other_id, other in enumerate(self.processes):
+            if other_id not in self.retired:
+                poller.register(other.sentinel, select.POLLIN)
+                if other_id != worker_id:
+                    self._worker_pollers[other_id].register(process.sentinel, select.POLLIN)
+        self._worker_pollers.append(poller)
+        return worker_id
+
+    def retire_worker(self, worker_id: int) -> None:
+        """Tell a worker with no task left to exit (``num_workers="auto"``): from now
+        on its exit is expected, not a death to report."""
+        process = self.processes[worker_id]
+        self.retired.add(worker_id)
+        self._process_of_fd.pop(process.sentinel, None)
+        for poller in [self._poller, *self._worker_pollers]:
+            try:
+                poller.unregister(process.sentinel)
+            except KeyError:
+                pass
+        if self._readers[worker_id].fd in self._worker_of_fd:
+            self._forget_pipe(worker_id)
+        try:
+            _send_frame(self._task_fds[worker_id], STOP_BYTES)
+        except OSError:
+            pass  # exiting already
+        reaping.leave_to_exit([process])
+
+    @property
+    def live_workers(self) -> list[int]:
+        """The ids of the workers not retired."""
+        return [worker_id for worker_id in range(len(self._task_conns))
+                if worker_id not in self.retired]
 
     @property
     def pids(self) -> list[int]:
@@ -271,9 +338,11 @@ class WorkerPool:
         self._send_bytes(worker_id, self._pack(message, may_hold_tensors))
 
     def broadcast(self, message: Any) -> None:
+        """Send ``message`` to every worker not retired."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for worker_id in range(len(self._task_conns)):
-            self._send_bytes(worker_id, data)
+            if worker_id not in self.retired:
+                self._send_bytes(worker_id, data)
 
     def _release_held(self, worker_id: int) -> None:
         held, self._held[worker_id] = self._held[worker_id], []

@@ -52,3 +52,7 @@ class LoaderSettings:
     pin_memory: bool                   # whether batches are pinned (NOTE [ Where batches are pinned ])
     pin_memory_device: str | None
     spare_slots: Any                   # the loader's SpareSlots (fork, new workers each epoch)
+    ledger: Any                        # the loader's TimeLedger (loader.report())
+    autopilot: Any = None              # num_workers="auto": its AutoOptions (autotune.py)
+    auto_choice: Any = None            # a dict the climb keeps its choice in, for the loader
+    seed_per_batch: bool = False       # every generator seeded per batch (auto's determinism)

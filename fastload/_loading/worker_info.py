@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["WorkerInfo", "get_worker_info", "start_as_worker"]
+__all__ = ["seed_for_batch", "WorkerInfo", "get_worker_info", "start_as_worker"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,24 @@ def _tune_malloc() -> None:
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
+
+
+def seed_for_batch(base_seed: int, batch_no: int) -> None:
+    """``num_workers="auto"``: seed every generator a dataset may draw from (Python's
+    ``random``, numpy's global one, torch's once loaded) from ``(base_seed,
+    batch_no)``, so a batch does not depend on which worker made it."""
+    # splitmix64 of the pair: nearby batch numbers give unrelated seeds.
+    z = (base_seed * 0x9E3779B97F4A7C15 + batch_no + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    seed = z ^ (z >> 31)
+    _seed_everything(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+_MASK64 = (1 << 64) - 1
 
 
 def _be_a_torch_worker(info: WorkerInfo) -> None:

@@ -14,6 +14,7 @@ import numbers
 import os
 import sys
 import time
+from time import perf_counter
 from typing import Any, Iterator
 
 import numpy as np
@@ -23,6 +24,7 @@ from fastload._ring import Ring, near_open_file_limit, too_many_open_files, uses
 from fastload._lifetime.forks import forking_workers
 from fastload._lifetime.hooks import at_fork
 from fastload._lifetime.weak_registry import WeakRegistry
+from fastload._loading.autotune import MAX_PREFETCH, AutoWorkers
 from fastload._loading.errors import ArrivalError, IterArgumentError, WorkerDied
 from fastload._loading.iterators import _BaseIter
 from fastload._loading.pool import WorkerPool
@@ -32,8 +34,8 @@ from fastload._loading.copy_on_read import warn_of_large_containers
 from fastload._loading.teardown import tear_down_when_gone
 from fastload._loading.wire.layouts import LayoutLost, LayoutReceiver
 from fastload._loading.wire.messages import BATCH_FAILED, BATCH_MADE, BATCH_NO, RESEND_LAYOUTS, \
-    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, batch_task, \
-    dataset_state_task, epoch_task, retire_task
+    SLOT_ID, SNAPSHOT, SNAPSHOT_REQUEST, SNAPSHOT_TAKEN, START_FAILED, STREAM_ENDED, TIMES, \
+    batch_task, dataset_state_task, epoch_task, retire_task
 from fastload._loading.wire.payload import pickle_for_workers
 
 __all__ = ["_MultiProcessIter"]
@@ -92,7 +94,7 @@ at_fork("inherited iterators", after_in_child=_disown_inherited_iterators)
 class _MultiProcessIter(_BaseIter):
     """Batches made by worker processes into ring slots, handed out in order."""
 
-    _DELIVER_DEPTH = 3  # __next__, _next, _deliver
+    _DELIVER_DEPTH = 4  # __next__, _next_batch, _next, _deliver
     # The process whose workers these are, in a child that inherited this
     # iterator by fork (``_disown_inherited_iterators``).
     inherited_from: int | None = None
@@ -123,8 +125,13 @@ class _MultiProcessIter(_BaseIter):
         if method != "fork":
             payload = pickle_for_workers(named, method)
         base_seed = self._begin_epoch(resume)
-        self._pool = WorkerPool(context, self._num_workers, payload, base_seed, self._prefetch,
+        auto = settings.autopilot
+        # Tasks are sized for the deepest ring prefetch_factor="auto" may reach.
+        self._pool = WorkerPool(context, self._num_workers, payload, base_seed,
+                                MAX_PREFETCH if auto and auto.auto_prefetch else self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
+        self._seed_per_batch = settings.seed_per_batch
+        self._auto = AutoWorkers(self, auto, settings.auto_choice) if auto is not None else None
         self.owner_pid = os.getpid()
         self._finalizer = tear_down_when_gone(self, self._pool, self._ring)
         _worker_iterators.add(self)
@@ -142,16 +149,20 @@ class _MultiProcessIter(_BaseIter):
     # -- epochs --------------------------------------------------------------
 
     def _start_dispatch(self, base_seed: int) -> None:
-        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every))
+        self._base_seed = base_seed
+        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every, self._seed_per_batch))
         self._tasks.clear()
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers
-        self._active = [True] * self._num_workers
+        self._active = [worker not in self._pool.retired for worker in range(self._num_workers)]
         # Batch k goes to worker k % num_workers, also when resuming at k.
         self._rotation = self._next_batch_no % self._num_workers
         self._next_to_yield = self._next_batch_no
         self._indices_exhausted = False
         self._resume_datasets()
+        if self._auto is not None:
+            self._auto.top_up()
+            return
         for _ in range(self._num_workers * self._prefetch):
             self._dispatch()
 
@@ -205,8 +216,11 @@ class _MultiProcessIter(_BaseIter):
         """A new epoch on the same workers (persistent_workers); ``len_called``:
         the loader's ``len()`` of an IterableDataset, as last asked."""
         self._len_called = len_called
+        self._handed_at, self._first_batch = None, True  # loader.report()'s account
+        blocked = self._ledger.blocked  # draining is no wait of the consumer's
         with self._worker_death_raises():
             self._drain()
+            self._ledger.blocked = blocked
             self._refresh_snapshots()
             base_seed = self._begin_epoch(resume, same_workers=True)
             self._start_dispatch(base_seed)
@@ -265,6 +279,8 @@ class _MultiProcessIter(_BaseIter):
         Out of order, a worker is passed over while it has its share of the
         tasks in flight (torch's rule).
         """
+        if self._auto is not None:
+            return self._auto.pick()
         count = self._num_workers
         capacity = None
         if not self._in_order:
@@ -317,7 +333,9 @@ class _MultiProcessIter(_BaseIter):
     def _receive(self, awaited: int | None = None) -> tuple[int, tuple]:
         """``(worker, reply)``: the next reply from ``awaited`` (None: any worker) or
         from a dying worker; dead workers and timeouts raise."""
+        blocked_from = perf_counter()
         got = self._pool.receive(self._timeout, awaited)
+        self._ledger.blocked += perf_counter() - blocked_from
         if got is None:
             # As torch's, the iterator stays usable: the next call waits for the
             # batch again.  A worker is stuck in the caller's code, though: if
@@ -325,10 +343,12 @@ class _MultiProcessIter(_BaseIter):
             self._pool.exit_grace = 0.0
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         worker, reply = got
-        if len(reply) > SNAPSHOT:  # the snapshot of a dataset with state_dict (dataset_state)
-            if self._snapshots is not None:
-                self._snapshots.arrive(reply[BATCH_NO], reply[SNAPSHOT])
-            reply = reply[:SNAPSHOT]
+        if len(reply) > TIMES:  # an answer to a batch task: its worker's stage totals
+            if len(reply) > SNAPSHOT:  # the snapshot of a dataset with state_dict (dataset_state)
+                if self._snapshots is not None:
+                    self._snapshots.arrive(reply[BATCH_NO], reply[SNAPSHOT])
+            self._times.workers[worker] = reply[TIMES]
+            reply = reply[:TIMES]
         kind, batch_no, slot_id, created, payload = reply
         if created is not None:
             try:
@@ -364,9 +384,11 @@ class _MultiProcessIter(_BaseIter):
             payload.reraise()
         if batch_no in self._tasks:
             self._load[worker] -= 1
+            if self._auto is not None:
+                self._auto.answered(worker)
         return worker, reply
 
-    def __next__(self) -> Any:
+    def _next_batch(self) -> Any:
         try:
             return self._next()
         except KeyboardInterrupt:
@@ -402,7 +424,11 @@ class _MultiProcessIter(_BaseIter):
                     if self._source.as_torch:
                         layout.as_torch()
                     batch = layout.build(self._ring.lease(slot_id), values)
-                    self._dispatch()
+                    if self._auto is not None:
+                        self._auto.tick()
+                        self._auto.top_up()
+                    else:
+                        self._dispatch()
                     if self._snapshots is not None:
                         self._snapshots.hand(worker, batch_no)
                     return self._deliver(batch_no, batch)
@@ -465,6 +491,7 @@ class _MultiProcessIter(_BaseIter):
     def shutdown(self) -> None:
         """Stop the workers and close the ring; held batches stay valid."""
         self.closed = True
+        self._times.done = True
         self._finalizer()
 
     # torch's name, which code calls to free a persistent loader's workers

@@ -13,6 +13,7 @@ import pickle
 import select
 import signal
 import time
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -25,13 +26,14 @@ from fastload._lifetime.interrupts import restore_callers_handlers
 from fastload._loading.errors import ExceptionWrapper
 from fastload._loading.fetch import BatchSource
 from fastload._loading.parent_watch import LIVENESS_INTERVAL, ParentWatch, die_of_sigterm
+from fastload._loading.stage_clock import IDLE, SEND
 from fastload._loading.wire.frames import FrameReader, send_frame
 from fastload._loading.wire.layouts import LayoutSender
 from fastload._loading.wire.messages import BATCH, BATCH_NO, CREATED, EPOCH, INDIRECT, KIND, \
     RESEND_LAYOUTS, RETIRE, SLOT_ID, SNAPSHOT_REQUEST, STOP, STOP_BYTES, batch_reply, \
-    failed_reply, snapshot_reply, start_failed_reply, stream_ended_reply, with_snapshot
+    failed_reply, snapshot_reply, start_failed_reply, stream_ended_reply, with_snapshot, with_times
 from fastload._loading.wire.payload import PickledPayload, unpickle_payload
-from fastload._loading.worker_info import start_as_worker
+from fastload._loading.worker_info import seed_for_batch, start_as_worker
 
 __all__ = ["worker_loop"]
 
@@ -233,7 +235,7 @@ class _Worker:
     """A started worker: its dataset, batch source, slot writer and layout numbering."""
 
     __slots__ = ("dataset", "source", "where", "writer", "layouts", "pipes", "stateful",
-                 "snapshot_every", "made")
+                 "snapshot_every", "made", "seed_per_batch")
 
     def __init__(self, dataset: Any, source: BatchSource, stateful: bool, where: str,
                  writer: SlotWriter, pipes: _Pipes) -> None:
@@ -246,10 +248,15 @@ class _Worker:
         self.stateful = stateful
         self.snapshot_every = 1
         self.made = 0  # batches made this epoch, for the snapshots' cadence
+        self.seed_per_batch = False  # num_workers="auto": see seed_for_batch
 
     def answer_tasks(self) -> bool:
         """Until told to stop (False) or the main process is gone (True)."""
         pipes = self.pipes
+        seconds = self.source.totals.seconds
+        # When the last answer was sent: from then until the next task, this
+        # worker waited for a free ring slot (None: a new epoch, or the first task).
+        answered_at = None
         while True:
             try:
                 message = pipes.next_task()
@@ -259,16 +266,25 @@ class _Worker:
                 pipes.result_conn.close()
                 return False
             if message[KIND] == BATCH:
+                now = perf_counter()
+                if answered_at is not None:
+                    seconds[IDLE] += now - answered_at
+                self.source.totals.sample_cpu(now)
                 reply = self.make_batch(message)
             elif self.obey(message):
+                if message[KIND] == EPOCH:
+                    answered_at = None
                 continue
             else:
                 break
+            sending = perf_counter()
             if not pipes.send(reply, self.where):
                 if pipes.stop_while_sending:
                     pipes.result_conn.close()
                     return False
                 break
+            answered_at = perf_counter()
+            seconds[SEND] += answered_at - sending
         pipes.result_conn.close()
         return True
 
@@ -277,7 +293,9 @@ class _Worker:
         kind = message[KIND]
         if kind == EPOCH:
             self.source.start_epoch(message[1])
-            self.snapshot_every, self.made = message[2], 0
+            self.snapshot_every, self.made, self.seed_per_batch = message[2], 0, message[3]
+            # num_workers="auto" weighs its workers' memory against its budget.
+            self.source.totals.watch_memory = message[3]
         elif kind == RETIRE:
             self.writer.forget(message[1], message[2])
         elif kind == RESEND_LAYOUTS[KIND]:
@@ -308,6 +326,8 @@ class _Worker:
             indices = np.frombuffer(indices, dtype=np.int64)
         allocation = self.writer.allocator(slot_info)
         where, slot_id = self.where, slot_info.slot_id
+        if self.seed_per_batch:
+            seed_for_batch(self.source.base_seed, batch_no)
         try:
             layout = self.source.make_into(batch_no, indices, kernel_batch, allocation)
             error = None
@@ -332,6 +352,7 @@ class _Worker:
                 # e.g. a non-array leaf of the batch that cannot be pickled
                 reply = failed_reply(batch_no, slot_id, created, ExceptionWrapper(
                     f"{where} (sending the batch to the main process)"))
+        reply = with_times(reply, self.source.totals.packed())
         self.made += 1
         every = self.snapshot_every
         if self.stateful and (layout is None and error is None or every and self.made % every == 0):

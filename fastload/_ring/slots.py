@@ -182,6 +182,14 @@ class Ring:
         self._slots[slot_id].writer = writer
         return self.info(slot_id)
 
+    def mapped_bytes(self) -> int:
+        """The bytes of every slot's file (a memory budget's count of the ring)."""
+        return sum(slot.segment.size for slot in self._slots.values())
+
+    def slot_bytes(self) -> int:
+        """The largest slot's bytes (what one more slot would cost)."""
+        return max((slot.segment.size for slot in self._slots.values()), default=0)
+
     def info(self, slot_id: int) -> SlotInfo:
         slot = self._slots[slot_id]
         if slot.info is None:

@@ -12,6 +12,8 @@ What is measured, and how
 * ``measure_pipeline_limit`` is the single-process rate of fastload's
   pipeline with no loader (a plain loop over ``dataset[i]``); times the worker
   count it is the most any loader could deliver on this machine.
+* ``measure_fastload``'s result also holds the loader's ``report()``
+  (where the time went: the consumer's wait, each stage, each worker).
 * Rates are images per wall-clock second over whole epochs, worker start-up
   included (it is part of what a user waits for); the first batch's latency
   is reported separately.  ``input_mb_per_s`` is compressed file bytes read,
@@ -31,7 +33,7 @@ import numpy as np
 from ..vision.folder import ImageFolder
 from .pipelines import (CROP_SIZE, TorchvisionStylePipeline, image_folder, sample_indices,
                         standard_transform)
-from .progress import progress_bar
+from .progress import DataWaitNote, progress_bar
 
 __all__ = ["measure_pipeline_limit", "measure_fastload", "measure_torch",
            "measure_fastload_cached", "compare_rounds"]
@@ -67,6 +69,8 @@ def _run_epochs(loader: Any, epochs: int, description: str,
     Batches are ``(images, targets)``; only their length is looked at.
     """
     bar = progress_bar(epochs * len(loader.dataset), description, progress)
+    # fastload's loader says how long the consumer waits for data: shown on the bar.
+    note = DataWaitNote(bar, loader) if bar is not None and hasattr(loader, "report") else None
     images, seconds, first_batch = 0, 0.0, None
     for _ in range(epochs):
         start = time.perf_counter()
@@ -77,6 +81,8 @@ def _run_epochs(loader: Any, epochs: int, description: str,
                 first_batch = time.perf_counter() - start
             if bar is not None:
                 bar.update(count)
+                if note is not None:
+                    note.update()
         seconds += time.perf_counter() - start
     if bar is not None:
         bar.close()
@@ -124,8 +130,10 @@ def measure_fastload(root: str, workers: int, batch_size: int = 64, *, epochs: i
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                         generator=seed)
     images, seconds, first = _run_epochs(loader, epochs, f"fastload, {workers} workers", progress)
-    return _result("fastload", workers, batch_size, images, seconds, first,
-                   _mean_file_bytes(folder, indices))
+    result = _result("fastload", workers, batch_size, images, seconds, first,
+                     _mean_file_bytes(folder, indices))
+    result["report"] = loader.report()  # where the time went
+    return result
 
 
 def measure_torch(root: str, workers: int, batch_size: int = 64, *, epochs: int = 1,

@@ -11,7 +11,10 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = ["progress_bar", "PlainProgress"]
+__all__ = ["progress_bar", "PlainProgress", "DataWaitNote", "show_data_wait"]
+
+# How often the bench's bar asks the loader for its report (seconds).
+_NOTE_INTERVAL = 0.5
 
 
 class PlainProgress:
@@ -29,6 +32,7 @@ class PlainProgress:
         self.stream = stream if stream is not None else sys.stderr
         self.interval = interval
         self.count = 0
+        self.note = ""  # shown after the rate (set_postfix_str, as tqdm's)
         self._start = time.monotonic()
         self._drawn_at = self._start
         self._width = 0
@@ -39,10 +43,17 @@ class PlainProgress:
         if now - self._drawn_at >= self.interval or self.count >= self.total:
             self._draw(now)
 
+    def set_postfix_str(self, note: str, refresh: bool = True) -> None:
+        """Show ``note`` after the rate from the next redraw on (tqdm's method)."""
+        self.note = note
+        if refresh and self._width:
+            self._draw(time.monotonic())
+
     def _draw(self, now: float) -> None:
         elapsed = now - self._start
         rate = f", {self.count / elapsed:.0f} img/s" if elapsed > 0 else ""
-        line = f"{self.description}: {self.count}/{self.total} img{rate}"
+        note = f", {self.note}" if self.note else ""
+        line = f"{self.description}: {self.count}/{self.total} img{rate}{note}"
         # Pad over the previous line's tail, which may have been longer.
         self.stream.write("\r" + line.ljust(self._width))
         self.stream.flush()
@@ -66,3 +77,23 @@ def progress_bar(total: int, description: str, enabled: bool) -> Any:
         return PlainProgress(total, description)
     return tqdm(total=total, desc=description, unit="img", file=sys.stderr, dynamic_ncols=True,
                 leave=False)
+
+
+class DataWaitNote:
+    """Keeps ``bar``'s note at the share of time the consumer of ``loader`` waits for
+    data (``loader.report()``), refreshed at most every half second."""
+
+    def __init__(self, bar: Any, loader: Any) -> None:
+        self.bar, self.loader = bar, loader
+        self._shown_at = time.monotonic()
+
+    def update(self) -> None:
+        now = time.monotonic()
+        if now - self._shown_at >= _NOTE_INTERVAL:
+            self._shown_at = now
+            self.bar.set_postfix_str(show_data_wait(self.loader.report()), refresh=False)
+
+
+def show_data_wait(report: Any) -> str:
+    """The progress bar's words for a ``LoaderReport``: the consumer's wait for data."""
+    return f"data wait {100 * report.wait_share:.0f} %"

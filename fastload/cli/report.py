@@ -72,6 +72,13 @@ def _fidelity_line(root: str, options: Any) -> str | None:
             f"the {found.differing} of {found.probed} probed crops that differ")
 
 
+def _where_the_time_went(report: Any, rounds: int) -> str:
+    """fastload's ``loader.report()`` of the measured run, indented under its line."""
+    which = "the median round's" if rounds > 1 else "the run's"
+    text = "\n".join("    " + line for line in str(report).splitlines())
+    return f"  where the time went ({which} loader.report()):\n{text}"
+
+
 def measure_and_report(options: Any) -> int:
     """Measure what parsed ``options`` ask for, printing each line as its figure lands."""
     progress = not options.no_progress
@@ -122,6 +129,7 @@ def measure_and_report(options: Any) -> int:
         print(_line(f"{name} ({options.workers} workers)", result, limit))
         if rounds > 1:
             print(f"{'':<28}rounds: " + ", ".join(f"{r:.1f}" for r in result["round_images_per_s"]))
+    print(_where_the_time_went(summary["fastload"]["report"], rounds))
     if options.compare:
         ratio = summary["fastload"]["images_per_s"] / summary[options.compare]["images_per_s"]
         print(f"{'fastload / ' + options.compare:<28}{ratio:>9.2f}x")

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from time import perf_counter
 from typing import Any
 
 from ..dataset import int64_indices
+from .._loading.stage_clock import SAMPLE_SECONDS
 from .cache import make_image_cache
 from .decode import decode_planned, default_loader, pil_loader, split_planned_head
 from .sample_table import SampleTable, SampleTableBuilder, TargetList
@@ -356,6 +358,7 @@ class DatasetFolder(VisionDataset):
         else:
             head = None
         reading = _SampleFileErrors(path, index)
+        start = perf_counter()
         try:
             # The decoded-image cache, when on, serves the image (or decodes
             # and stores it); None means: load it as without a cache.
@@ -369,10 +372,15 @@ class DatasetFolder(VisionDataset):
                 with reading:
                     sample = loader(path)
                 rest = (transform,) if transform is not None else ()
+            # The loader's report: decoding (with the first transform, where it
+            # is fused into the decode) apart from the transforms after it.
+            decoded = perf_counter()
             for step in rest:
                 sample = step(sample)
             if self.target_transform is not None:
                 target = self.target_transform(target)
+            SAMPLE_SECONDS.decode += decoded - start
+            SAMPLE_SECONDS.transform += perf_counter() - decoded
         except Exception as error:
             if not reading.raised:
                 # A transform's error: its own type and message, as torchvision

@@ -33,6 +33,12 @@ def test_bench_runs_on_a_folder(tiny_folder, workers):
     assert rates(done.stdout, "pipeline, no loader")[0] > 0
     assert rates(done.stdout, f"fastload ({workers} workers)")[0] > 0
     assert "MB/s read" in done.stdout
+    # loader.report() of the run, with the folder's decode told from its transforms
+    assert "where the time went (the run's loader.report()):" in done.stdout
+    assert re.search(r"^    data loading costs \d+ % of step time", done.stdout, re.M)
+    assert re.search(r"fetch \d+ % \(of which decode \d+ %, transform \d+ %\)", done.stdout)
+    maker = "main" if workers == "0" else "worker 1"
+    assert re.search(rf"^    {maker}\s+\d+\s", done.stdout, re.M)
 
 
 def test_bench_without_root_generates_and_caches_a_synthetic_folder(tmp_path):

@@ -9,10 +9,12 @@ than a tuple subclass, on the per-batch path of both processes.
 
 Tasks, main process -> worker (field 0 is the kind):
 
-* ``epoch_task(base_seed, snapshot_every)``: a new epoch starts (new
-  transform seeds, an IterableDataset starts over); a dataset copy with
-  state is snapshotted with every ``snapshot_every``-th batch (0: never)
-  and with its stream's end;
+* ``epoch_task(base_seed, snapshot_every, seed_per_batch)``: a new epoch
+  starts (new transform seeds, an IterableDataset starts over); a dataset
+  copy with state is snapshotted with every ``snapshot_every``-th batch (0:
+  never) and with its stream's end; with ``seed_per_batch``
+  (``num_workers="auto"``) every generator is seeded for each batch from
+  ``(base_seed, batch number)``;
 * ``batch_task(batch_no, slot, kernel_batch, indices)``: make batch
   ``batch_no`` in ``slot`` (a ``SlotInfo`` as a tuple).  ``kernel_batch``:
   ``indices`` is the bytes of our BatchSampler kernel's int64 array (the
@@ -38,8 +40,10 @@ Tasks, main process -> worker (field 0 is the kind):
 
 Replies, worker -> main process: ``(kind, batch_no, slot_id, created,
 payload)``, where ``created`` is the size the worker grew the slot's file to
-(or None; the main process maps that much, also for a failed batch), and,
-when it is time for one (``epoch_task``), a sixth field ``SNAPSHOT``: the
+(or None; the main process maps that much, also for a failed batch); an
+answer to a batch task then has a sixth field ``TIMES``, the worker's
+seconds per stage so far (``stage_clock.py``, for ``loader.report()``), and,
+when it is time for one (``epoch_task``), a seventh ``SNAPSHOT``: the
 worker's copy's state after the batch (``dataset_state``).  The kinds:
 
 * ``BATCH_MADE``: ``payload`` is the batch's layout, encoded by
@@ -60,8 +64,9 @@ __all__ = ["EPOCH", "BATCH", "RETIRE", "RESEND_LAYOUTS", "DATASET_STATE", "INDIR
            "SNAPSHOT_REQUEST", "SNAPSHOT_TAKEN", "snapshot_reply",
            "STOP_BYTES", "epoch_task", "batch_task", "retire_task", "dataset_state_task",
            "indirect_task", "BATCH_MADE", "STREAM_ENDED", "BATCH_FAILED", "START_FAILED",
-           "KIND", "BATCH_NO", "SLOT_ID", "CREATED", "PAYLOAD", "SNAPSHOT", "batch_reply",
-           "stream_ended_reply", "failed_reply", "start_failed_reply", "with_snapshot"]
+           "KIND", "BATCH_NO", "SLOT_ID", "CREATED", "PAYLOAD", "TIMES", "SNAPSHOT", "batch_reply",
+           "stream_ended_reply", "failed_reply", "start_failed_reply", "with_times",
+           "with_snapshot"]
 
 # -- tasks -------------------------------------------------------------------
 
@@ -80,8 +85,8 @@ STOP = None
 STOP_BYTES = pickle.dumps(STOP)  # as the main process sends it, and a worker looks for it
 
 
-def epoch_task(base_seed: int, snapshot_every: int) -> tuple:
-    return (EPOCH, base_seed, snapshot_every)
+def epoch_task(base_seed: int, snapshot_every: int, seed_per_batch: bool = False) -> tuple:
+    return (EPOCH, base_seed, snapshot_every, seed_per_batch)
 
 
 def batch_task(batch_no: int, slot: tuple, kernel_batch: bool, indices: Any) -> tuple:
@@ -109,7 +114,7 @@ START_FAILED = "init_error"
 SNAPSHOT_TAKEN = "snapshot"
 
 # A reply's fields.
-KIND, BATCH_NO, SLOT_ID, CREATED, PAYLOAD, SNAPSHOT = range(6)
+KIND, BATCH_NO, SLOT_ID, CREATED, PAYLOAD, TIMES, SNAPSHOT = range(7)
 
 
 def batch_reply(batch_no: int, slot_id: int, created: int | None, encoded_layout: Any) -> tuple:
@@ -132,6 +137,11 @@ def start_failed_reply(error: Any) -> tuple:
     return (START_FAILED, -1, -1, None, error)
 
 
+def with_times(reply: tuple, times: tuple) -> tuple:
+    """An answer to a batch task carrying its worker's stage totals (field ``TIMES``)."""
+    return reply + (times,)
+
+
 def with_snapshot(reply: tuple, snapshot: dict) -> tuple:
-    """``reply`` carrying its worker's dataset snapshot (field ``SNAPSHOT``)."""
+    """``reply`` (``with_times``) carrying its worker's dataset snapshot (field ``SNAPSHOT``)."""
     return reply + (snapshot,)

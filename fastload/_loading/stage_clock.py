@@ -1,0 +1,158 @@
+"""Where the time of making a batch goes, counted in the process that makes it.
+
+A ``BatchSource`` (in a worker, or in the main process at ``num_workers=0``)
+adds each batch's seconds to its ``StageTotals``: fetching the samples
+(``__getitem__`` / ``__getitems__``, or a whole-batch gather), and collating
+them into their buffer.  Datasets that can tell decoding from their
+transforms (``vision.DatasetFolder``) add those two to the process-wide
+``SAMPLE_SECONDS``; the source reads it before and after each fetch, so the
+part of the fetch they account for is the batch's own.  A worker adds the
+time it sat with no task (the ring had no free slot for it: the consumer is
+behind) and the time it spent sending its answers, and sends its totals with
+every answer (``wire/messages.py``), so nothing is added on the wire but a
+few floats.  Only ``time.perf_counter`` is read on the per-batch path (no
+system call: it is the vDSO's clock); the process's CPU time, a system call,
+is read at most every ``CPU_SAMPLE_INTERVAL`` seconds, and so (only for
+``num_workers="auto"``'s budget) its memory.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+__all__ = ["STAGES", "FETCH", "DECODE", "TRANSFORM", "COLLATE", "IDLE", "SEND", "BATCHES",
+           "CPU", "CPU_BUSY", "MEMORY", "SAMPLE_SECONDS", "StageTotals", "CPU_SAMPLE_INTERVAL", "unpack", "pss_bytes", "resident_bytes"]
+
+# A StageTotals' fields, in this order in the tuple a worker sends.  DECODE and
+# TRANSFORM are parts of FETCH (the dataset's own time, where it tells them).
+STAGES = ("fetch", "decode", "transform", "collate", "idle", "send")
+FETCH, DECODE, TRANSFORM, COLLATE, IDLE, SEND = range(6)
+# Then the batches made; the process's CPU seconds between its first and its last
+# reading (-1: fewer than two), and the busy seconds (fetch, collate, send) between
+# them; with ``watch_memory`` (num_workers="auto"), the process's memory in bytes
+# (its PSS, kept current by its resident size: -1 unread).
+BATCHES, CPU, CPU_BUSY, MEMORY = 6, 7, 8, 9
+# A PSS reading walks the process's page tables (milliseconds), so it is taken
+# again only when the resident size moved this much since, or this long passed.
+PSS_REREAD_BYTES = 16 << 20
+PSS_REREAD_SECONDS = 5.0
+
+# How often a worker reads its CPU time (seconds): often enough for a share over
+# an epoch, rarely enough that the system call costs nothing per batch.
+CPU_SAMPLE_INTERVAL = 0.1
+
+
+class _SampleSeconds:
+    """Seconds this process spent decoding samples and running their transforms."""
+
+    __slots__ = ("decode", "transform")
+
+    def __init__(self) -> None:
+        self.decode = 0.0
+        self.transform = 0.0
+
+
+SAMPLE_SECONDS = _SampleSeconds()
+
+
+class StageTotals:
+    """One process's cumulative seconds per stage, batches made, and CPU seconds."""
+
+    __slots__ = ("seconds", "watch_memory", "_cpu_read_at", "_cpu_base", "_busy_base",
+                 "_pss", "_pss_at")
+
+    def __init__(self) -> None:
+        # STAGES' seconds, then BATCHES, CPU, CPU_BUSY and MEMORY; a list, added to in place.
+        self.seconds = [0.0] * len(STAGES) + [0, -1.0, 0.0, -1.0]
+        self.watch_memory = False
+        self._cpu_read_at = 0.0
+        self._cpu_base: float | None = None
+        self._busy_base = 0.0
+        self._pss: tuple[int, int] | None = None  # (PSS, resident size) at the last PSS reading
+        self._pss_at = 0.0
+
+    def made(self, fetch: float, decode: float, transform: float, collate: float) -> None:
+        """A batch was made: its fetch (of which decode and transform) and collate seconds."""
+        seconds = self.seconds
+        seconds[FETCH] += fetch
+        seconds[DECODE] += decode
+        seconds[TRANSFORM] += transform
+        seconds[COLLATE] += collate
+        seconds[BATCHES] += 1
+
+    def sample_cpu(self, now: float) -> None:
+        """Read the process's CPU time, if it was last read long enough ago.
+
+        Counted from the first reading (the first task), so start-up (imports,
+        ``worker_init_fn``) is not counted as time spent on batches; the busy
+        seconds between the same two readings go with it, so the two compare."""
+        if now - self._cpu_read_at < CPU_SAMPLE_INTERVAL:
+            return
+        self._cpu_read_at = now
+        cpu = time.process_time()
+        seconds = self.seconds
+        if self.watch_memory:
+            self._sample_memory(now)
+        busy = seconds[FETCH] + seconds[COLLATE] + seconds[SEND]
+        if self._cpu_base is None:
+            self._cpu_base, self._busy_base = cpu, busy
+            return
+        seconds[CPU] = cpu - self._cpu_base
+        seconds[CPU_BUSY] = busy - self._busy_base
+
+    def _sample_memory(self, now: float) -> None:
+        """The process's PSS: read again when its resident size moved (or after a
+        while), else moved by the resident size's change since the last reading."""
+        pid = os.getpid()
+        resident = resident_bytes(pid)
+        if resident is None:
+            return
+        last = self._pss
+        if last is None or abs(resident - last[1]) >= PSS_REREAD_BYTES \
+                or now - self._pss_at >= PSS_REREAD_SECONDS:
+            pss = pss_bytes(pid)
+            if pss is None:
+                pss = resident  # no smaps_rollup: the resident size, shared pages in full
+            self._pss, self._pss_at = (pss, resident), now
+            self.seconds[MEMORY] = float(pss)
+        else:
+            self.seconds[MEMORY] = float(last[0] + resident - last[1])
+
+    def packed(self) -> bytes:
+        """The totals as an answer carries them: packed doubles (one object to
+        pickle and unpickle on the main process's per-batch path, not nine)."""
+        return _PACKED.pack(*self.seconds)
+
+
+_PACKED = struct.Struct(f"{len(STAGES) + 4}d")
+
+
+def pss_bytes(pid: int) -> int | None:
+    """A process's PSS from ``/proc/<pid>/smaps_rollup`` (None: gone, or no such file)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident size from ``/proc/<pid>/statm`` (None: gone, or no such file)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def unpack(packed: bytes) -> tuple:
+    """``StageTotals.packed``'s totals as a tuple."""
+    return _PACKED.unpack(packed)

@@ -1,0 +1,294 @@
+"""num_workers="auto": the climb converges on pipelines whose best setting is known,
+keeps under its memory budget, and keeps order and determinism while it adds and
+retires workers mid-epoch (against a fixed count seeded per batch, as auto is)."""
+
+import dataclasses
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload._loading.autotune import AutoOptions, HillClimb
+from fastload._loading.memory_budget import worker_memory
+
+pytestmark = [pytest.mark.timeout(120),
+              # the references run 3 workers on whatever CPUs the machine has
+              pytest.mark.filterwarnings("ignore:This DataLoader will create")]
+
+
+class Sleepy(fl.Dataset):
+    """Each sample sleeps ``seconds`` (I/O-like: more workers than CPUs help) and
+    draws from the global generators, as augmentations do."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.seconds:
+            time.sleep(self.seconds)
+        return np.array([i, np.random.randint(1 << 30), random.randrange(1 << 30)])
+
+
+def run(loader, step=0.0, seconds=None):
+    """Every batch (copied), sleeping ``step`` after each; stop after ``seconds``."""
+    batches, start = [], time.monotonic()
+    for batch in loader:
+        batches.append(batch.copy())
+        if step:
+            time.sleep(step)
+        if seconds is not None and time.monotonic() - start > seconds:
+            break
+    return batches
+
+
+def reference(dataset, workers, **options):
+    """A fixed worker count, seeded per batch as auto mode is."""
+    loader = fl.DataLoader(dataset, num_workers=workers, **options)
+    loader._seed_per_batch = True
+    return loader
+
+
+def live_workers(loader):
+    return len(loader._last_iterator()._pool.live_workers)
+
+
+def test_sleep_bound_samples_get_more_workers_than_one():
+    # 20 ms a batch of sleeping: workers help far past the CPUs.
+    loader = fl.DataLoader(Sleepy(4000, 0.01), batch_size=2, num_workers="auto", generator=0)
+    run(loader, seconds=5.0)
+    assert loader._auto_choice["num_workers"] >= 3
+    assert loader.num_workers == 1  # the climb's choice applies from the next epoch on
+    report = loader.report()  # every worker the climb started is in the account
+    assert report.autopilot and report.num_workers == loader._auto_choice["num_workers"]
+    assert len(report.makers) >= report.num_workers
+    assert f"num_workers='auto', {report.num_workers} at the latest choice" in str(report)
+
+
+def test_a_consumer_bound_loop_keeps_one_worker():
+    # A batch takes a worker ~2 ms; the consumer 30 ms: one worker keeps up.
+    loader = fl.DataLoader(Sleepy(400, 0.001), batch_size=2, num_workers="auto", generator=0)
+    run(loader, step=0.03, seconds=3.0)
+    # (A second worker, when the machine's load slows the first a while.)
+    assert loader._auto_choice["num_workers"] <= 2
+
+
+def test_batches_keep_sampler_order_and_seeds_while_workers_come_and_go():
+    dataset = Sleepy(240, 0.004)
+    auto = fl.DataLoader(dataset, batch_size=3, shuffle=True, num_workers="auto", generator=7)
+    got = run(auto)
+    assert auto._auto_choice["num_workers"] > 1  # workers were added mid-epoch
+    for workers in (1, 3):
+        want = run(reference(dataset, workers, batch_size=3, shuffle=True, generator=7))
+        assert len(got) == len(want) == 80
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_retired_workers_are_no_error_and_change_no_batch():
+    dataset = Sleepy(120, 0.001)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto", generator=3)
+    loader._auto_choice.update(num_workers=4, prefetch_factor=2)  # as a state would set it
+    iterator = iter(loader)
+    assert live_workers(loader) == 4
+    got = []
+    for batch in iterator:
+        got.append(batch.copy())
+        time.sleep(0.03)  # the consumer is the bottleneck: workers are retired
+    assert loader._auto_choice["num_workers"] < 4
+    assert iterator._pool.retired  # retired mid-epoch, and the epoch ended without error
+    want = run(reference(dataset, 2, batch_size=2, generator=3))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_worker_that_dies_is_still_an_error():
+    loader = fl.DataLoader(Sleepy(400, 0.01), batch_size=2, num_workers="auto")
+    iterator = iter(loader)
+    next(iterator)
+    os.kill(iterator.worker_pids[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        for _ in iterator:
+            pass
+
+
+class Growing(fl.Dataset):
+    """Each worker's copy grows by ``grow`` bytes at its first sample (touched pages)."""
+
+    def __init__(self, n, grow):
+        self.n, self.grow, self.ballast = n, grow, None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.ballast is None:
+            self.ballast = np.ones(self.grow, dtype=np.uint8)
+        time.sleep(0.01)
+        return np.array([i])
+
+
+def test_workers_that_grow_200_mb_each_stay_under_the_budget():
+    grow = 200 << 20
+    budget = int(2.6 * grow)  # two grown workers fit, three do not
+    loader = fl.DataLoader(Growing(2000, grow), batch_size=2, num_workers="auto",
+                           memory_budget=budget)
+    iterator = iter(loader)
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            processes = iterator._pool.processes  # (a worker being added has no process yet)
+            pids = [processes[w].pid for w in iterator._pool.live_workers if w < len(processes)]
+            peak[0] = max(peak[0], sum(worker_memory(pid) or 0 for pid in pids)
+                          + iterator._ring.mapped_bytes())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        start = time.monotonic()
+        for _ in iterator:
+            if time.monotonic() - start > 4.0:
+                break
+    finally:
+        done.set()
+        watcher.join()
+    # Sleeping samples: without the budget the climb reaches 3 or more (the first
+    # test); with it, at most 2 (1 when the load made the second look useless).
+    assert 1 <= loader._auto_choice["num_workers"] <= 2
+    assert grow < peak[0] <= budget
+
+
+def test_state_dict_records_the_choice_and_a_resumed_run_starts_there():
+    dataset = Sleepy(200, 0.004)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto", generator=5)
+    # Sleeping samples and a consumer that does nothing: the climb keeps 3 or adds.
+    loader._auto_choice.update(num_workers=3, prefetch_factor=2)
+    iterator = iter(loader)
+    head = [next(iterator).copy() for _ in range(60)]
+    state = loader.state_dict()
+    chosen = state["autopilot"]["num_workers"]
+    assert chosen == loader._auto_choice["num_workers"] >= 3
+    rest = [batch.copy() for batch in iterator]
+
+    resumed = fl.DataLoader(dataset, batch_size=2, num_workers="auto", generator=5)
+    resumed.load_state_dict(state)
+    again = iter(resumed)
+    assert live_workers(resumed) == chosen
+    tail = [batch.copy() for batch in again]
+    assert len(tail) == len(rest) == 40
+    for a, b in zip(tail, rest):
+        np.testing.assert_array_equal(a, b)
+    assert len(head) == 60
+
+
+def test_persistent_workers_keep_the_climb_across_epochs():
+    dataset = Sleepy(60, 0.004)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto", persistent_workers=True,
+                           generator=1)
+    want = reference(dataset, 2, batch_size=2, generator=1, persistent_workers=True)
+    for _ in range(2):
+        for a, b in zip(run(loader), run(want)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(num_workers="automatic"), "num_workers should be an int >= 0 or 'auto'"),
+    (dict(num_workers=2, prefetch_factor="auto"), "prefetch_factor should be an int, or 'auto'"),
+    (dict(num_workers=2, memory_budget=1 << 30), "memory_budget is the budget of"),
+    (dict(num_workers="auto", memory_budget=0), "memory_budget should be a number of bytes > 0"),
+])
+def test_bad_auto_arguments_are_refused_at_construction(options, message):
+    with pytest.raises(ValueError, match=message):
+        fl.DataLoader(Sleepy(4, 0.0), **options)
+
+
+def test_auto_refuses_an_iterable_dataset():
+    class Stream(fl.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(ValueError, match="needs a map-style dataset"):
+        fl.DataLoader(Stream(), num_workers="auto")
+
+
+def test_the_climb_adds_while_it_gains_and_settles_when_it_stops():
+    options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16)
+    now = [0.0]
+    climb = HillClimb(1, 2, options, clock=lambda: now[0])
+    # The consumer waits; 4 workers would keep up: doubling steps.
+    assert climb.judge(10.0, 0.8, 0.0, 4, None, None, None) == ("add", 1)
+    assert climb.judge(0.0, 0.8, 0.0, 4, None, None, None) is None  # a new worker starts
+    assert climb.judge(19.0, 0.5, 0.0, 4, None, None, None) == ("add", 2)
+    assert climb.judge(0.0, 0.5, 0.0, 4, None, None, None) is None
+    # Four gave nothing over two, twice: back to two, then one at a time.
+    assert climb.judge(19.5, 0.4, 0.0, 4, None, None, None) is None
+    assert climb.judge(19.6, 0.4, 0.0, 4, None, None, None) == ("retire", 2)
+    assert climb.judge(0.0, 0.4, 0.0, 4, None, None, None) is None
+    assert climb.judge(19.0, 0.4, 0.0, 4, None, None, None) == ("add", 1)
+    assert climb.judge(0.0, 0.4, 0.0, 4, None, None, None) is None
+    assert climb.judge(19.2, 0.4, 0.0, 4, None, None, None) is None
+    assert climb.judge(19.1, 0.4, 0.0, 4, None, None, None) == ("retire", 1)
+    assert climb.settled and climb.workers == 2
+    # Settled, only the budget still moves it.
+    assert climb.judge(19.0, 0.4, 0.0, 4, 900, 400, 1000) is None
+    assert climb.judge(19.0, 0.4, 0.0, 4, 1100, 400, 1000) == ("retire", 1)
+
+
+def test_workers_added_under_forkserver_unpickle_the_dataset_and_change_no_batch():
+    from datasets_for_workers import SlowDataset
+
+    dataset = SlowDataset(n=800, delay=0.005)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto",
+                           multiprocessing_context="forkserver")
+    got = [(images.copy(), labels.copy()) for images, labels in loader]
+    assert loader._auto_choice["num_workers"] > 1  # added mid-epoch, from the pickled payload
+    want = list(reference(dataset, 1, batch_size=2))
+    assert len(got) == len(want) == 400
+    for (images, labels), (want_images, want_labels) in zip(got, want):
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(labels, want_labels)
+
+
+def test_cpu_bound_workers_never_outnumber_the_cpus():
+    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16, cpus=2)
+    climb = HillClimb(2, 2, options, clock=lambda: 0.0)
+    # The consumer waits, 8 workers would keep up, but the work is CPU-bound.
+    assert climb.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=True) is None
+    assert climb.settled and climb.workers == 2
+    waiting = HillClimb(2, 2, options, clock=lambda: 0.0)  # waiting on I/O: past the CPUs
+    assert waiting.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=False) == ("add", 2)
+
+
+def test_auto_prefetch_deepens_the_ring_when_the_consumer_waits_on_idle_workers():
+    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=True,
+                          memory_budget=None, max_workers=16, cpus=2)
+    climb = HillClimb(2, 2, options, clock=lambda: 0.0)
+    # Waiting while the workers sit idle half the time: bursts the ring cannot smooth.
+    assert climb.judge(10.0, 0.3, 0.6, 3, None, None, None) == ("deepen", 1)
+    assert climb.prefetch == 3 and climb.workers == 2
+    fixed = HillClimb(2, 2, dataclasses.replace(options, auto_prefetch=False),
+                      clock=lambda: 0.0)
+    assert fixed.judge(10.0, 0.3, 0.6, 3, None, None, None) == ("add", 1)
+
+
+def test_auto_prefetch_keeps_order_and_batches():
+    dataset = Sleepy(200, 0.003)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto", prefetch_factor="auto",
+                           generator=4)
+    got = run(loader, step=0.002)
+    assert 2 <= loader._auto_choice["prefetch_factor"] <= 8
+    want = run(reference(dataset, 2, batch_size=2, generator=4))
+    assert len(got) == len(want) == 100
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)

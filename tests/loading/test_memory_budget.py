@@ -1,0 +1,75 @@
+"""What auto's memory budget counts: a process's PSS, and the memory available."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fastload._loading import memory_budget
+from fastload._loading.stage_clock import MEMORY, StageTotals
+from fastload._loading.memory_budget import DEFAULT_SHARE, available_memory, default_budget, \
+    worker_memory
+
+
+def _pss_from_smaps(pid):
+    """PSS summed over the mappings of /proc/<pid>/smaps (the long form), bytes."""
+    with open(f"/proc/{pid}/smaps") as f:
+        return 1024 * sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux 4.14+")
+def test_a_process_is_counted_at_its_pss_and_grows_with_what_it_touches():
+    before = worker_memory(os.getpid())
+    assert before == pytest.approx(_pss_from_smaps(os.getpid()), rel=0.05)
+    ballast = np.ones(64 << 20, dtype=np.uint8)  # 64 MB touched
+    assert worker_memory(os.getpid()) - before >= 60 << 20
+    del ballast
+
+
+def test_a_gone_process_counts_nothing():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    assert worker_memory(child.pid) is None
+
+
+def test_without_smaps_rollup_the_resident_size_is_counted(monkeypatch):
+    monkeypatch.setattr(memory_budget, "pss_bytes", lambda pid: None)
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert worker_memory(os.getpid()) == pytest.approx(resident, rel=0.1)
+
+
+def test_a_worker_keeps_its_pss_current_by_its_resident_size():
+    totals = StageTotals()
+    totals.watch_memory = True
+    totals.sample_cpu(1.0)
+    first = totals.seconds[MEMORY]
+    assert first == pytest.approx(_pss_from_smaps(os.getpid()), rel=0.05)
+    ballast = np.ones(64 << 20, dtype=np.uint8)  # past PSS_REREAD_BYTES: read again
+    totals.sample_cpu(2.0)
+    assert totals.seconds[MEMORY] - first >= 60 << 20
+    del ballast
+    quiet = StageTotals()
+    quiet.sample_cpu(1.0)
+    assert quiet.seconds[MEMORY] == -1  # only num_workers="auto" weighs memory
+
+
+def test_the_default_budget_is_the_stated_share_of_the_available_memory(monkeypatch):
+    monkeypatch.setattr(memory_budget, "available_memory", lambda: 8 << 30)
+    assert default_budget() == int(DEFAULT_SHARE * (8 << 30)) == 4 << 30
+
+
+def test_a_cgroup_limit_tighter_than_the_machine_is_what_is_available(monkeypatch):
+    machine = available_memory()
+    assert machine is not None and machine > 0
+    monkeypatch.setattr(memory_budget, "cgroup_memory_room", lambda: (1 << 20, 2 << 20, "memory.max"))
+    assert available_memory() == 1 << 20
+    with open("/proc/meminfo") as f:
+        mem_available = next(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("MemAvailable:"))
+    monkeypatch.setattr(memory_budget, "cgroup_memory_room",
+                        lambda: (mem_available * 4, mem_available * 8, "memory.max"))
+    # The machine's is tighter now (MemAvailable moves a little between two reads).
+    assert available_memory() == pytest.approx(mem_available, rel=0.2)
