@@ -3,8 +3,10 @@
 moto's S3 server (started here on 127.0.0.1, with dummy credentials given
 only through ``storage_options``) stands in for S3: the same files read
 remotely give exactly the samples they give read locally, and a missing
-object or refused access raises the error naming the object.  No AWS host is
-contacted: the endpoint is the local server and instance metadata is off.
+object or refused access raises the error naming the object (moto lets any
+credentials in unless told, through its ``/moto-api/reset-auth``, to check
+them).  No AWS host is contacted: the endpoint is the local server and
+instance metadata is off.
 """
 
 import os
