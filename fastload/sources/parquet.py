@@ -42,6 +42,8 @@ def _open(path: str, client: RemoteClient) -> pq.ParquetFile:
         return pq.ParquetFile(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"No such Parquet file: {path!r}") from None
+    except PermissionError:
+        raise  # refused access, already named: not a malformed file
     except (pa.ArrowInvalid, OSError) as error:
         raise ValueError(f"{path!r} is not a readable Parquet file: {error}") from None
 

@@ -136,6 +136,8 @@ class RemoteClient:
             return FileNotFoundError(f"No such object: {url!r}")
         if status in (401, 403):
             return PermissionError(f"Access to {url!r} was refused (HTTP {status})")
+        if isinstance(error, PermissionError):  # s3fs's translation of a 403 (AccessDenied)
+            return PermissionError(f"Access to {url!r} was refused: {error}")
         if not _transient(error):
             failure = OSError(f"{what} {url!r} failed: {error!r}")
             failure.__cause__ = error

@@ -149,6 +149,8 @@ def test_arrow_and_parquet_files_over_http_are_the_local_ones(tmp_path):
             ParquetDataset(f"{server.url}/gone.parquet")
         with pytest.raises(FileNotFoundError, match="gone.arrow"):
             ArrowDataset(f"{server.url}/gone.arrow")
+        with pytest.raises(PermissionError, match="forbidden/t.parquet.*403"):
+            ParquetDataset(f"{server.url}/forbidden/t.parquet")  # refused, not "malformed"
 
 
 @pytest.fixture
