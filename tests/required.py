@@ -7,6 +7,7 @@ without running it.
 """
 
 import importlib
+import importlib.util
 import os
 
 import pytest
@@ -17,7 +18,18 @@ def require(module_name: str):
     try:
         return importlib.import_module(module_name)
     except ImportError as error:
-        if os.environ.get("FASTLOAD_REQUIRE_TORCH"):
-            pytest.fail(f"{module_name} is required here (FASTLOAD_REQUIRE_TORCH is set) but "
-                        f"cannot be imported: {error}", pytrace=False)
-        pytest.skip(f"needs {module_name}: pip install -e '.[test]'", allow_module_level=True)
+        _missing(module_name, f"cannot be imported: {error}")
+
+
+def require_installed(module_name: str) -> None:
+    """As ``require``, for a library only the test's subprocesses import (importing
+    it here would slow every later test's forks)."""
+    if importlib.util.find_spec(module_name) is None:
+        _missing(module_name, "is not installed")
+
+
+def _missing(module_name: str, why: str) -> None:
+    if os.environ.get("FASTLOAD_REQUIRE_TORCH"):
+        pytest.fail(f"{module_name} is required here (FASTLOAD_REQUIRE_TORCH is set) but "
+                    f"{why}: pip install -e '.[test]'", pytrace=False)
+    pytest.skip(f"needs {module_name}: pip install -e '.[test]'", allow_module_level=True)

@@ -25,13 +25,12 @@ what it trained on and with which randomness.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import sys
 
 import pytest
 from ranks import run_launcher
+from required import require_installed
 
 SCRIPT = r'''
 import json, os, sys, warnings
@@ -143,13 +142,8 @@ EPOCHS, BATCHES = 3, 3  # 12 samples, 2 ranks, batches of 2
 
 @pytest.fixture
 def lightning(torch):
-    """PyTorch Lightning is a test dependency: missing, the test fails under
-    FASTLOAD_REQUIRE_TORCH (as .ci/run sets it), else skips."""
-    if importlib.util.find_spec("pytorch_lightning") is None:
-        if os.environ.get("FASTLOAD_REQUIRE_TORCH"):
-            pytest.fail("pytorch-lightning is required here (FASTLOAD_REQUIRE_TORCH is set) but "
-                        "is not installed: pip install -e '.[test]'")
-        pytest.skip("needs pytorch-lightning: pip install -e '.[test]'")
+    """PyTorch Lightning, a test dependency the ranks import (tests/required.py)."""
+    require_installed("pytorch_lightning")
 
 
 def indices(record):

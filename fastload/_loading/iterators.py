@@ -265,7 +265,9 @@ class _BaseIter:
         self._first_batch = False
 
     def _next_batch(self) -> Any:
-        raise NotImplementedError
+        """The next batch, made in this process or received from a worker: each
+        iterator class has its own (``__next__`` above only keeps the account)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _next_batch()")
 
     def __len__(self) -> int:
         return len(self._index_sampler)

@@ -152,9 +152,9 @@ def test_segment_of_size_zero(prefix, backend):
     segment.unlink()
 
 
+# Only memory files: a POSIX segment lives until its name is unlinked.
+@pytest.mark.parametrize("backend", ["memfd"], indirect=True)
 def test_a_memory_file_goes_with_its_last_descriptor(prefix, backend):
-    if backend != "memfd":
-        pytest.skip("a POSIX segment lives until its name is unlinked")
     segment = _segment(prefix + "gone", 8192)
     handle = segment.name
     view = segment.array[:10]
