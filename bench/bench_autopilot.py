@@ -22,6 +22,10 @@ after each batch, standing in for a training step):
   it runs under the GIL, in tf.data's threads), ``num_parallel_calls=AUTOTUNE``
   and ``prefetch(AUTOTUNE)``.
 
+Every setting runs once per round (``--rounds``, 3), in an order rotated each
+round, and its figure is the median of its rounds: the best fixed setting is
+then not the luck of one run.
+
 Per run: samples/s, the consumer's data wait (fastload's ``report()``; for
 the peers the share of time spent in ``next()``), CPU-seconds per sample
 (this process and its children, from ``psutil``), and the worker count.
@@ -42,7 +46,9 @@ import itertools
 import json
 import os
 import random
+import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -347,10 +353,62 @@ def run_tf(spec: dict, step: float, args: argparse.Namespace) -> dict:
     return result
 
 
+def run_peer_apart(peer: str, name: str, step: float, args: argparse.Namespace,
+                   budget: int | None) -> dict:
+    """A peer's run in a process of its own: importing TensorFlow or Grain here
+    would make every later fork of a fastload worker slower (a bigger process to
+    copy), which is not the cost a fastload user pays."""
+    command = [sys.executable, os.path.abspath(__file__), "--peer-run", peer,
+               "--pipelines", name, "--steps", str(1000 * step), "--seconds", str(args.seconds)]
+    if budget is not None:
+        command += ["--budget-mb", str(budget >> 20)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{peer} on {name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peer_run(args: argparse.Namespace) -> None:
+    """``--peer-run``: one peer's run, printed as a JSON line (``run_peer_apart``)."""
+    with tempfile.TemporaryDirectory(prefix="fastload-autopilot-") as scratch:
+        spec = pipeline(args.pipelines, scratch)
+        step = float(args.steps) / 1000
+        budget = args.budget_mb << 20 if args.budget_mb else None
+        result = run_grain(spec, step, args, budget) if args.peer_run == "grain" \
+            else run_tf(spec, step, args)
+    print(json.dumps(result), flush=True)
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The round whose samples/s is the median (its wait, CPU and workers go with it),
+    with the peak memory of every round."""
+    ordered = sorted(runs, key=lambda r: r["samples_per_s"])
+    middle = dict(ordered[(len(ordered) - 1) // 2])
+    middle["samples_per_s"] = statistics.median(r["samples_per_s"] for r in runs)
+    middle["peak_memory"] = max(r["peak_memory"] for r in runs)
+    middle["rounds"] = [round(r["samples_per_s"]) for r in runs]
+    if "workers" in middle:
+        middle["workers_per_round"] = [r["workers"] for r in runs]
+    return middle
+
+
 def cell(name: str, spec: dict, step: float, args: argparse.Namespace, budget: int | None
          ) -> dict:
-    grid = {workers: run_fastload(spec, workers, step, args, budget) for workers in args.grid}
-    auto = run_fastload(spec, "auto", step, args, budget)
+    """Every setting (the grid, auto, the peers) once per round, in an order rotated
+    each round; each setting's figure is the median of its rounds."""
+    settings: list[Any] = [*args.grid, "auto"]
+    if spec["sample"] is not None:
+        settings += [peer for peer in ("grain", "tf") if peer in args.peers]
+    runs: dict[Any, list[dict]] = {setting: [] for setting in settings}
+    for round_no in range(args.rounds):
+        shift = round_no % len(settings)
+        for setting in settings[shift:] + settings[:shift]:
+            if setting in ("grain", "tf"):
+                runs[setting].append(run_peer_apart(setting, name, step, args, budget))
+            else:
+                runs[setting].append(run_fastload(spec, setting, step, args, budget))
+    grid = {workers: median_run(runs[workers]) for workers in args.grid}
+    auto = median_run(runs["auto"])
     best = max(grid.values(), key=lambda r: r["samples_per_s"])
     calm = [grid[w] for w in sorted(grid) if grid[w]["wait_share"] < 0.02]
     row = {"pipeline": name, "step_ms": 1000 * step, "grid": grid, "auto": auto,
@@ -359,10 +417,9 @@ def cell(name: str, spec: dict, step: float, args: argparse.Namespace, budget: i
            "under_budget": budget is None or auto["peak_memory"] <= budget,
            "cpu_vs_smallest_calm": (auto["cpu_per_sample_us"] / calm[0]["cpu_per_sample_us"]
                                     if calm else None)}
-    if spec["sample"] is not None and "grain" in args.peers:
-        row["grain"] = run_grain(spec, step, args, budget)
-    if spec["sample"] is not None and "tf" in args.peers:
-        row["tf"] = run_tf(spec, step, args)
+    for peer in ("grain", "tf"):
+        if runs.get(peer):
+            row[peer] = median_run(runs[peer])
     return row
 
 
@@ -392,18 +449,24 @@ def main() -> None:
     parser.add_argument("--steps", default="0,5,50", help="consumer steps, ms")
     parser.add_argument("--grid", default="0,1,2,4", help="fixed num_workers to try")
     parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds; each setting's figure is the median of its rounds")
     parser.add_argument("--auto-seconds", type=float, default=10.0,
                         help="seconds auto has to settle before it is measured")
     parser.add_argument("--budget-mb", type=int, default=None)
     parser.add_argument("--peers", default="grain,tf", help="grain,tf or none")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--peer-run", choices=("grain", "tf"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peer_run:
+        return peer_run(args)
     args.grid = [int(w) for w in args.grid.split(",")]
     args.peers = [] if args.peers == "none" else args.peers.split(",")
     budget = (args.budget_mb << 20) if args.budget_mb else default_budget()
     print(f"autopilot bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
           f"budget {budget >> 20 if budget else '-'} MB; grid {args.grid}; "
-          f"{args.seconds} s per run, auto settles for {args.auto_seconds} s", flush=True)
+          f"{args.seconds} s per run, auto settles for {args.auto_seconds} s; {args.rounds} rounds",
+          flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastload-autopilot-") as scratch:
         for name in args.pipelines.split(","):

@@ -44,7 +44,7 @@ from fastload.resume import EpochProgress, check_state, epoch_sampler, make_stat
 from fastload._ring import SpareSlots
 from fastload.rng import SeedSource
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from fastload._loading.autotune import AutoOptions, max_workers, usable_cpus
+from fastload._loading.autotune import AutoOptions, HillClimb, max_workers, usable_cpus
 from fastload._loading.iterators import _BaseIter, _SingleProcessIter
 from fastload._loading.memory_budget import DEFAULT_SHARE
 from fastload._loading.pinning import pin_device
@@ -191,6 +191,7 @@ class DataLoader(Generic[_T_co]):
             num_workers, prefetch_factor = 1, self._autopilot.start_prefetch
         # What the climb chose: the next epoch, and a state, start from it.
         self._auto_choice: dict = {}
+        self._auto_climb: HillClimb | None = None  # made at the first iter(), kept across epochs
         # Every generator seeded per batch, as in auto mode, with a fixed count too
         # (private: the tests compare auto's batches with a fixed count's).
         self._seed_per_batch = False
@@ -433,6 +434,8 @@ class DataLoader(Generic[_T_co]):
             self.prefetch_factor = self._auto_choice["prefetch_factor"]
             auto = dataclasses.replace(auto, start_workers=self.num_workers,
                                        start_prefetch=self.prefetch_factor)
+        if auto is not None and self._auto_climb is None:
+            self._auto_climb = HillClimb(auto.start_workers, auto.start_prefetch, auto)
         return LoaderSettings(
             dataset=self.dataset, batch=batch, output=self.output, num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor, timeout=self.timeout, in_order=self.in_order,
@@ -445,7 +448,7 @@ class DataLoader(Generic[_T_co]):
             split=distributed_split(self),
             len_called=self._IterableDataset_len_called, pin_memory=pinning[0],
             pin_memory_device=pinning[1], spare_slots=self._spare_slots, ledger=self._ledger,
-            autopilot=auto, auto_choice=self._auto_choice,
+            autopilot=auto, auto_choice=self._auto_choice, auto_climb=self._auto_climb,
             seed_per_batch=auto is not None or self._seed_per_batch)
 
     def _warn_about_pin_memory(self) -> tuple[bool, str | None]:
@@ -523,4 +526,5 @@ class DataLoader(Generic[_T_co]):
         check_dataset_section(checked, self)
         if choice is not None and self._autopilot is not None:
             self._auto_choice.update(_checked_choice(choice))
+            self._auto_climb = None  # a new climb, from the state's choice
         self._pending_state = checked

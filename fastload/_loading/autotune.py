@@ -1,32 +1,44 @@
 """``num_workers="auto"``: as many workers as keep the consumer from waiting, no more.
 
 NOTE [ The autopilot's hill climb ]
-An epoch starts with ``AutoOptions.start_workers`` workers (1, or the count a
-state or the last epoch ended with).  Every window (at least ``WINDOW``
-seconds and ``WINDOW_BATCHES`` batches of the consumer's), the loader's
-account (``time_ledger``) gives the window's rate (batches per second of the
-consumer's time) and the share of it spent blocked on workers in ``next()``
-(the main process's own work per batch, which no worker removes, left out):
+The climb (``HillClimb``) belongs to the loader: epochs are often shorter than
+it needs to settle, so it goes on from one to the next.  The first epoch
+starts with ``AutoOptions.start_workers`` workers (1, or a state's choice),
+each later one with the count the last one ended with.  Every window (at
+least ``WINDOW`` seconds and ``WINDOW_BATCHES`` batches of the consumer's),
+the loader's account (``time_ledger``) gives the window's rate (batches per
+second of the consumer's time) and the share of it spent blocked on workers
+in ``next()`` (the main process's own work per batch, which no worker
+removes, left out).  A window right after a change, or an epoch's first, is
+not judged (workers are starting up).  A count's rate is the median of its
+last ``KEPT_WINDOWS`` windows, and is compared only once it has ``LOOKS``,
+or more while they disagree by more than ``GAIN`` either side (one window is
+noisy: other processes share the CPUs):
 
 * the consumer waited (``WAIT_SHARE`` or more) and more workers fit the
   memory budget: add as many as the report's estimate says would keep up,
-  at most doubling; if the next window's rate (and, being noisy, the one
-  after) is not ``GAIN`` better, more workers stopped helping: retire them
-  again, and settle if it was one (else go on one at a time);
+  at most doubling; if the new count's rate is not ``GAIN`` better, more
+  workers stopped helping: retire them again, and settle if it was one
+  (else go on one at a time);
 * the consumer did not wait and the workers sat idle for want of a ring slot
-  most of the time: try one worker fewer; if the consumer then waits, add it
-  back and settle;
+  most of the time: try one worker fewer; if the consumer then waits or the
+  rate drops by ``GAIN``, add it back and settle;
 * workers plus ring over the budget: retire one (never the last), whatever
   the rate, and never grow past that count again;
 * workers on a CPU most of their busy time (CPU-bound, as ``report()`` tells
-  it) never outnumber the CPUs: more would only take the consumer's CPU.
+  it) are added one at a time past the CPUs: there they only fill the gaps
+  while the others send or wait for a task, which the rate must show.  No
+  worker is added while the consumer does not wait, so a CPU-bound pipeline
+  never takes a busy consumer's CPU.
 
-A window right after a change is not judged (a new worker is starting up).
-Settling is final for the epoch but for the budget, which is checked every
-window; after ``SETTLE_SECONDS`` the climb settles where the rate was best.
-With ``prefetch_factor="auto"`` a worker's share of the ring grows by one
-(up to ``MAX_PREFETCH``) when the consumer waits while workers sit idle:
-batches come in bursts the ring is too shallow to smooth.
+Settled, only the budget (checked every window) moves the count, until
+``RECHECK_SECONDS`` later the climb starts again, one worker at a time, from
+the current count: the machine's load, the page cache, the consumer's step
+change over a run.  ``SETTLE_SECONDS`` after the first window began (or a
+climb started again), the climb settles at the count whose windows were
+fastest.  With ``prefetch_factor="auto"`` a worker's share of
+the ring grows by one (up to ``MAX_PREFETCH``) when the consumer waits while
+workers sit idle: batches come in bursts the ring is too shallow to smooth.
 
 Which worker makes a batch no longer decides its content: in auto mode each
 batch's random state (Python's ``random``, numpy's global generator, torch's)
@@ -42,6 +54,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +75,10 @@ WINDOW_BATCHES = 4       # and batches
 WAIT_SHARE = 0.05        # the consumer waits: more workers may help
 IDLE_SHARE = 0.5         # the workers wait for slots this much: one fewer may do
 GAIN = 0.05              # a new worker must raise the rate this much to stay
-SETTLE_SECONDS = 10.0    # the climb settles by then, at the best rate seen
+LOOKS = 2                # windows at a count before its rate is compared (one is noisy)
+KEPT_WINDOWS = 4         # windows a count's rate is the median of
+SETTLE_SECONDS = 8.0     # from the first window: settled, and its last change made, within 10 s
+RECHECK_SECONDS = 60.0   # after settling, the climb looks again this often
 MAX_PREFETCH = 8
 
 
@@ -87,39 +103,73 @@ class AutoOptions:
     auto_prefetch: bool
     memory_budget: int | None     # bytes; None: the default share, read as the epoch starts
     max_workers: int
-    cpus: int = 1                 # CPUs this process may run on: CPU-bound workers' cap
+    cpus: int = 1                 # CPUs this process may use (past them: CPU-bound workers singly)
 
 
 @dataclass
-class _Window:
-    """The consumer's account when a window began."""
+class Window:
+    """The consumer's account when a window began (``time_ledger``'s figures)."""
 
     batches: int
-    wait: float
-    step: float
-    blocked: float
+    spent: float       # all its seconds: steps, waits, and epochs' starts and ends
+    step: float        # of which its own steps
+    wait: float        # of which steady waits in next() (workers' first batches apart)
+    blocked: float     # the main process blocked on workers' answers
 
 
 class HillClimb:
     """The decisions of NOTE [ The autopilot's hill climb ], apart from the processes.
 
-    ``judge`` is given each window's figures and returns what to do:
-    ``("add", n)``, ``("retire", n)``, ``("deepen", 1)`` (prefetch), or None.
+    One climb lives as long as its loader (a short epoch is not long enough to
+    settle in), and is told each epoch's start.  ``judge`` is given each
+    window's figures and returns what to do: ``("add", n)``, ``("retire", n)``,
+    ``("deepen", 1)`` (prefetch), or None.
     """
 
     def __init__(self, workers: int, prefetch: int, options: AutoOptions,
                  clock: Any = time.monotonic) -> None:
         self.workers, self.prefetch, self.options = workers, prefetch, options
         self.settled = False
+        self._settled_at = 0.0
         self.cap = options.max_workers   # lowered when the budget is hit
         self._clock = clock
-        self._started = clock()
-        self._trial: tuple[str, float, int] | None = None  # (kind, rate before, count)
-        self._skip = False                                  # the window after a change
-        self._best: tuple[float, int] = (0.0, workers)
-        self._max_step = options.max_workers               # 1 once a larger step failed
-        self._second_look = False                           # a trial's window, judged twice
+        self._started: float | None = None                  # when the first window began
+        self._rates: dict[int, list[float]] = {}            # workers -> the last windows' rates
+        self._trial: tuple[str, int] | None = None          # (kind, the count it left)
+        self._skip = True                                   # the window after a change
+        self._max_step = options.max_workers                # 1 once a larger step failed
         self._cpu_bound = False
+        # The window being measured: the loader's account when it began.  It runs
+        # across epochs, which may be shorter than a window; their starts and ends
+        # are in its rate, since a worker count pays them every epoch.
+        self.window: Window | None = None
+
+    def begin_epoch(self, workers: int) -> None:
+        """An epoch starts with ``workers`` (the count the last one ended with)."""
+        self.workers = workers
+
+    def begin_window(self, mark: Window) -> None:
+        """A window begins at ``mark``; the first starts the settling clock."""
+        self.window = mark
+        if self._started is None:
+            self._started = self._clock()
+
+    def rate(self, workers: int) -> float | None:
+        """The median rate of the last windows at ``workers`` (None: none yet)."""
+        rates = self._rates.get(workers)
+        return statistics.median(rates) if rates else None
+
+    def _measured(self, workers: int) -> float | None:
+        """``rate(workers)`` once it can be compared: ``LOOKS`` windows at least,
+        and more (up to ``KEPT_WINDOWS``) while they disagree by more than ``GAIN``
+        either side (other processes share the CPUs)."""
+        rates = self._rates.get(workers, ())
+        if len(rates) < LOOKS:
+            return None
+        median = statistics.median(rates)
+        if len(rates) < KEPT_WINDOWS and max(rates) - min(rates) > 2 * GAIN * median:
+            return None
+        return median
 
     def judge(self, rate: float, wait_share: float, idle_share: float, needed: int | None,
               memory: int | None, per_worker: int | None, budget: int | None,
@@ -129,52 +179,74 @@ class HillClimb:
         self._cpu_bound = cpu_bound
         if budget is not None and memory is not None and memory > budget and self.workers > 1:
             self.cap = self.workers - 1
-            return self._change("retire", 1, rate, trial=False)
+            return self._change("retire", 1, trial=False)
         if self._skip:
             self._skip = False
             return None
-        if rate > self._best[0]:
-            self._best = (rate, self.workers)
+        rates = self._rates.setdefault(self.workers, [])
+        rates.append(rate)
+        del rates[:-KEPT_WINDOWS]
         if self.settled:
-            return None
+            if self._clock() - self._settled_at < RECHECK_SECONDS:
+                return None
+            self._reopen()
+        if self._started is None:
+            self._started = self._clock()
+        if self._clock() - self._started >= SETTLE_SECONDS:
+            return self._settle_at_best()
+        here = self._measured(self.workers)
+        if here is None:
+            return None                      # not yet enough windows at this count
         if self._trial is not None:
-            verdict = self._judge_trial(rate, wait_share)
-            if verdict is not None or self._second_look:
+            verdict = self._judge_trial(here, wait_share)
+            if verdict is not None or self.settled:
                 return verdict
-        if self._clock() - self._started > SETTLE_SECONDS:
-            self.settled = True              # where the rate was best
-            best = self._best[1]
-            if best != self.workers:
-                return self._change("add" if best > self.workers else "retire",
-                                    abs(best - self.workers), rate, trial=False)
-            return None
         if wait_share >= WAIT_SHARE:
-            return self._more(rate, idle_share, needed, memory, per_worker, budget)
+            return self._more(idle_share, needed, memory, per_worker, budget)
         if idle_share >= IDLE_SHARE and self.workers > 1:
-            return self._change("retire", 1, rate)
+            return self._change("retire", 1)
         return None
 
-    def _judge_trial(self, rate: float, wait_share: float) -> tuple[str, int] | None:
-        kind, before, count = self._trial
+    def _judge_trial(self, here: float, wait_share: float) -> tuple[str, int] | None:
+        """The count a change reached, against the one it left (both over ``LOOKS`` windows)."""
+        kind, left = self._trial
         self._trial = None
-        if kind == "add" and rate < before * (1 + GAIN) and not self._second_look:
-            # One window is noisy (other processes share the CPUs): a step that
-            # seems to give nothing gets a second window before it is undone.
-            self._trial, self._second_look = (kind, before, count), True
-            return None
-        self._second_look = False
-        if kind == "add" and rate < before * (1 + GAIN):
+        before = self.rate(left) or 0.0
+        if kind == "add" and here < before * (1 + GAIN):
             # More workers stopped helping: back to before; a larger step is
             # retried one worker at a time.
-            self.settled = count == 1
+            if self.workers - left == 1:
+                self._settle()
             self._max_step = 1
-            return self._change("retire", count, rate, trial=False)
-        if kind == "retire" and wait_share >= WAIT_SHARE:
-            self.settled = True              # one fewer was too few
-            return self._change("add", count, rate, trial=False)
+            return self._change("retire", self.workers - left, trial=False)
+        if kind == "retire" and (wait_share >= WAIT_SHARE or here < before * (1 - GAIN)):
+            self._settle()                   # one fewer was too few
+            return self._change("add", left - self.workers, trial=False)
         return None
 
-    def _more(self, rate: float, idle_share: float, needed: int | None, memory: int | None,
+    def _settle(self) -> None:
+        self.settled, self._settled_at = True, self._clock()
+
+    def _reopen(self) -> None:
+        """``RECHECK_SECONDS`` after settling: climb again, one worker at a time, from
+        this window's rate (the load on the machine, the page cache, the
+        consumer's step may have changed since)."""
+        self.settled = False
+        self._rates = {self.workers: self._rates[self.workers][-1:]}
+        self._max_step = 1
+        self._started = self._clock()
+
+    def _settle_at_best(self) -> tuple[str, int] | None:
+        """Past ``SETTLE_SECONDS``: settle at the count whose windows were fastest."""
+        self._settle()
+        measured = {w: self.rate(w) for w in self._rates if self._rates[w] and w <= self.cap}
+        best = max(measured, key=measured.get, default=self.workers)
+        if best == self.workers:
+            return None
+        return self._change("add" if best > self.workers else "retire",
+                            abs(best - self.workers), trial=False)
+
+    def _more(self, idle_share: float, needed: int | None, memory: int | None,
               per_worker: int | None, budget: int | None) -> tuple[str, int] | None:
         """The consumer waits: deepen the ring, or add workers (as many as the
         estimate says, at most doubling), within the cap and the budget."""
@@ -183,16 +255,16 @@ class HillClimb:
             self.prefetch += 1
             self._skip = True
             return ("deepen", 1)
-        # CPU-bound workers past the CPUs only take the consumer's CPU: never more.
-        cap = min(self.cap, max(self.options.cpus, 1)) if self._cpu_bound else self.cap
         count = 1 if needed is None else needed - self.workers
-        count = max(1, min(count, self.workers, self._max_step, cap - self.workers))
+        count = max(1, min(count, self.workers, self._max_step, self.cap - self.workers))
+        if self._cpu_bound and self.workers >= self.options.cpus:
+            count = 1  # past the CPUs, CPU-bound workers only fill gaps: one at a time
         while count > 0 and not self._fits(memory, per_worker, budget, count):
             count -= 1
-        if count <= 0 or self.workers >= cap:
-            self.settled = True              # at the cap or the budget
+        if count <= 0 or self.workers >= self.cap:
+            self._settle()                   # at the cap or the budget
             return None
-        return self._change("add", count, rate)
+        return self._change("add", count)
 
     def _fits(self, memory: int | None, per_worker: int | None, budget: int | None,
               workers: int) -> bool:
@@ -201,9 +273,9 @@ class HillClimb:
             return True
         return memory + workers * (per_worker or 0) <= budget
 
-    def _change(self, kind: str, count: int, rate: float, trial: bool = True) -> tuple[str, int]:
+    def _change(self, kind: str, count: int, trial: bool = True) -> tuple[str, int]:
+        self._trial = (kind, self.workers) if trial else None
         self.workers += count if kind == "add" else -count
-        self._trial = (kind, rate, count) if trial else None
         self._skip = True
         return (kind, count)
 
@@ -216,17 +288,18 @@ class AutoWorkers:
     ``_retire_worker`` hooks.
     """
 
-    def __init__(self, iterator: Any, options: AutoOptions, choice: dict) -> None:
+    def __init__(self, iterator: Any, options: AutoOptions, choice: dict,
+                 climb: HillClimb) -> None:
         self.iterator = iterator
         self.options = options
         self._choice = choice  # the loader's: the next epoch and a state start from it
         self.budget = options.memory_budget if options.memory_budget is not None \
             else default_budget()
-        self.climb = HillClimb(options.start_workers, options.start_prefetch, options)
+        self.climb = climb     # the loader's: it goes on from the last epoch
+        climb.begin_epoch(options.start_workers)
         self.retiring: set[int] = set()
         self.peak_memory = 0
-        self._window = self._mark()
-        self._window_started = time.monotonic()
+        # This epoch's workers' totals when the window began (new workers: zero).
         self._worker_marks = (0.0, 0.0, 0.0, 0.0)
         choice.update(self.choice())
 
@@ -236,9 +309,10 @@ class AutoWorkers:
         live = len(self.iterator._pool.live_workers) - len(self.retiring)
         return max(live, 1) * self.climb.prefetch
 
-    def _mark(self) -> _Window:
+    def _mark(self) -> Window:
         ledger = self.iterator._ledger
-        return _Window(ledger.batches, ledger.wait, ledger.step, ledger.blocked)
+        spent = ledger.wait + ledger.first_wait + ledger.step + ledger.startup
+        return Window(ledger.batches, spent, ledger.step, ledger.wait, ledger.blocked)
 
     def memory(self) -> tuple[int | None, int | None]:
         """(workers' memory + the ring's bytes, what one more worker would add), or
@@ -261,27 +335,27 @@ class AutoWorkers:
 
     def tick(self) -> None:
         """After a batch is handed out: judge the window once it is long enough."""
-        now = time.monotonic()
-        mark = self._mark()
-        batches = mark.batches - self._window.batches
-        spent = (mark.wait - self._window.wait) + (mark.step - self._window.step)
-        if batches < WINDOW_BATCHES or now - self._window_started < WINDOW or spent <= 0:
+        mark, window = self._mark(), self.climb.window
+        if window is None or mark.batches < window.batches:  # the first, or report(reset=True)
+            self.climb.begin_window(mark)
             return
-        waited = mark.wait - self._window.wait
+        batches, spent = mark.batches - window.batches, mark.spent - window.spent
+        if batches < WINDOW_BATCHES or spent < WINDOW:
+            return
         idle, whole, busy, made = self._worker_totals()
         before = self._worker_marks
         idle_share = (idle - before[0]) / (whole - before[1]) if whole > before[1] else 0.0
         # The report's estimate: a worker makes a batch in `making`, the consumer
         # takes one every `taking` (its step and the main process's own work).
         making = (busy - before[2]) / (made - before[3]) if made > before[3] else None
-        taking = (mark.step - self._window.step + waited
-                  - (mark.blocked - self._window.blocked)) / batches
+        taking = (mark.step - window.step + mark.wait - window.wait
+                  - (mark.blocked - window.blocked)) / batches
         needed = math.ceil(making / taking) if making is not None and taking > 1e-6 else None
         memory, per_worker = self.memory()
         # The share of the consumer's time blocked on workers: what more workers can
         # remove (the main process's own work per batch they cannot).
         # (The next() in progress has its blocked time counted, not yet its wait: at most 1.)
-        blocked = min((mark.blocked - self._window.blocked) / spent, 1.0)
+        blocked = min((mark.blocked - window.blocked) / spent, 1.0)
         decision = self.climb.judge(batches / spent, blocked, idle_share, needed,
                                     memory, per_worker, self.budget, self._cpu_bound())
         if decision is not None and decision[0] == "add":
@@ -296,7 +370,7 @@ class AutoWorkers:
                 self._retire_one()
         self.iterator._ring.in_flight = self.target
         self._choice.update(self.choice())
-        self._window, self._window_started = self._mark(), now
+        self.climb.begin_window(self._mark())
         self._worker_marks = self._worker_totals()
 
     def top_up(self) -> None:

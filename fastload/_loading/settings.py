@@ -55,4 +55,5 @@ class LoaderSettings:
     ledger: Any                        # the loader's TimeLedger (loader.report())
     autopilot: Any = None              # num_workers="auto": its AutoOptions (autotune.py)
     auto_choice: Any = None            # a dict the climb keeps its choice in, for the loader
+    auto_climb: Any = None             # the loader's HillClimb, which goes on across epochs
     seed_per_batch: bool = False       # every generator seeded per batch (auto's determinism)

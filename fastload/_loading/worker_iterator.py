@@ -131,7 +131,8 @@ class _MultiProcessIter(_BaseIter):
                                 MAX_PREFETCH if auto and auto.auto_prefetch else self._prefetch,
                                 ring_prefix=self._ring.prefix, inherited_slots=self._ring.inherited)
         self._seed_per_batch = settings.seed_per_batch
-        self._auto = AutoWorkers(self, auto, settings.auto_choice) if auto is not None else None
+        self._auto = AutoWorkers(self, auto, settings.auto_choice, settings.auto_climb) \
+            if auto is not None else None
         self.owner_pid = os.getpid()
         self._finalizer = tear_down_when_gone(self, self._pool, self._ring)
         _worker_iterators.add(self)

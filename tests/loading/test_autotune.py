@@ -220,28 +220,107 @@ def test_auto_refuses_an_iterable_dataset():
         fl.DataLoader(Stream(), num_workers="auto")
 
 
+def judged(climb, *windows, **kw):
+    """The climb's decisions over ``windows`` of (rate, wait share, idle share, needed)."""
+    return [climb.judge(rate, wait, idle, needed, None, None, None, **kw)
+            for rate, wait, idle, needed in windows]
+
+
 def test_the_climb_adds_while_it_gains_and_settles_when_it_stops():
     options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
                           memory_budget=None, max_workers=16)
-    now = [0.0]
-    climb = HillClimb(1, 2, options, clock=lambda: now[0])
-    # The consumer waits; 4 workers would keep up: doubling steps.
-    assert climb.judge(10.0, 0.8, 0.0, 4, None, None, None) == ("add", 1)
-    assert climb.judge(0.0, 0.8, 0.0, 4, None, None, None) is None  # a new worker starts
-    assert climb.judge(19.0, 0.5, 0.0, 4, None, None, None) == ("add", 2)
-    assert climb.judge(0.0, 0.5, 0.0, 4, None, None, None) is None
-    # Four gave nothing over two, twice: back to two, then one at a time.
-    assert climb.judge(19.5, 0.4, 0.0, 4, None, None, None) is None
-    assert climb.judge(19.6, 0.4, 0.0, 4, None, None, None) == ("retire", 2)
-    assert climb.judge(0.0, 0.4, 0.0, 4, None, None, None) is None
-    assert climb.judge(19.0, 0.4, 0.0, 4, None, None, None) == ("add", 1)
-    assert climb.judge(0.0, 0.4, 0.0, 4, None, None, None) is None
-    assert climb.judge(19.2, 0.4, 0.0, 4, None, None, None) is None
-    assert climb.judge(19.1, 0.4, 0.0, 4, None, None, None) == ("retire", 1)
+    climb = HillClimb(1, 2, options, clock=lambda: 0.0)
+    # The first window (workers starting) is not judged; a count's rate is the
+    # median of two windows.  The consumer waits; 4 workers would keep up.
+    assert judged(climb, (99, .8, 0, 4), (10, .8, 0, 4), (10, .8, 0, 4)) == [None, None, ("add", 1)]
+    # Two windows at 2 (after the one a change skips): 19 > 10: kept, and doubled.
+    assert judged(climb, (0, .8, 0, 4), (19, .5, 0, 4), (19, .5, 0, 4)) == [None, None, ("add", 2)]
+    # Four gave less than 5 % over two: back to two, then one at a time.
+    assert judged(climb, (0, .4, 0, 4), (19.5, .4, 0, 4), (19.6, .4, 0, 4)) \
+        == [None, None, ("retire", 2)]
+    assert judged(climb, (0, .4, 0, 4), (19, .4, 0, 4)) == [None, ("add", 1)]
+    assert judged(climb, (0, .4, 0, 4), (19.2, .4, 0, 4), (19.1, .4, 0, 4)) \
+        == [None, None, ("retire", 1)]
     assert climb.settled and climb.workers == 2
     # Settled, only the budget still moves it.
     assert climb.judge(19.0, 0.4, 0.0, 4, 900, 400, 1000) is None
     assert climb.judge(19.0, 0.4, 0.0, 4, 1100, 400, 1000) == ("retire", 1)
+    assert climb.workers == 1 and climb.cap == 1
+
+
+def test_the_climb_retires_idle_workers_until_the_consumer_waits():
+    options = AutoOptions(start_workers=3, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16)
+    climb = HillClimb(3, 2, options, clock=lambda: 0.0)
+    # The consumer never waits and the workers sit idle: one fewer, while that holds.
+    assert judged(climb, (0, 0, 0, 1), (10, 0, .7, 1), (10, 0, .7, 1)) \
+        == [None, None, ("retire", 1)]
+    assert judged(climb, (0, 0, 0, 1), (10, 0, .6, 1), (10, .01, .6, 1)) \
+        == [None, None, ("retire", 1)]
+    # At one worker the consumer waits: the one retired comes back, and the climb settles.
+    assert judged(climb, (0, 0, 0, 1), (8, .2, .1, 2), (8, .2, .1, 2)) == [None, None, ("add", 1)]
+    assert climb.settled and climb.workers == 2
+
+
+def test_a_settled_climb_looks_again_a_minute_later():
+    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16)
+    now = [0.0]
+    climb = HillClimb(2, 2, options, clock=lambda: now[0])
+    assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("add", 2)]
+    assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("retire", 2)]
+    assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8)) == [None, ("add", 1)]
+    assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("retire", 1)]
+    assert climb.settled and climb.workers == 2
+    now[0] = 59.0
+    assert judged(climb, (0, .8, 0, 8), (30, .8, 0, 8), (30, .8, 0, 8)) == [None, None, None]
+    # A minute on (another job left the machine, say): one worker at a time again.
+    now[0] = 61.0
+    assert judged(climb, (30, .8, 0, 8), (30, .8, 0, 8)) == [None, ("add", 1)]
+    assert not climb.settled and climb.workers == 3
+
+
+def test_windows_that_disagree_are_looked_at_again_before_a_decision():
+    options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16)
+    climb = HillClimb(1, 2, options, clock=lambda: 0.0)
+    # 10 and 14 disagree by more than 5 % either side: a third window, a fourth,
+    # and then the median of the four decides.
+    assert judged(climb, (0, .8, 0, 4), (10, .8, 0, 4), (14, .8, 0, 4), (12, .8, 0, 4)) \
+        == [None, None, None, None]
+    assert climb.judge(12, .8, 0, 4, None, None, None) == ("add", 1)
+    assert climb.rate(1) == 12
+    # Two that agree are enough.
+    assert judged(climb, (0, .8, 0, 4), (20, .8, 0, 4), (20.5, .8, 0, 4)) \
+        == [None, None, ("add", 2)]
+
+
+def test_the_climb_settles_at_the_fastest_count_when_its_time_is_up():
+    options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
+                          memory_budget=None, max_workers=16)
+    now = [0.0]
+    climb = HillClimb(1, 2, options, clock=lambda: now[0])
+    assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("add", 1)]
+    assert judged(climb, (0, .8, 0, 8), (30, .8, 0, 8), (30, .8, 0, 8)) == [None, None, ("add", 2)]
+    assert judged(climb, (0, .8, 0, 8), (20, .8, 0, 8)) == [None, None]
+    now[0] = 11.0  # past SETTLE_SECONDS: back to 2, whose windows were fastest
+    assert climb.judge(20, .8, 0, 8, None, None, None) == ("retire", 2)
+    assert climb.settled and climb.workers == 2
+
+
+def test_epochs_shorter_than_a_window_still_climb():
+    # 12 batches of 20 ms of sleeping: an epoch at one worker is shorter than a
+    # window, so the climb's windows run across epochs.
+    loader = fl.DataLoader(Sleepy(24, 0.01), batch_size=2, num_workers="auto", generator=0)
+    for _ in range(40):
+        run(loader)
+        if loader._auto_choice["num_workers"] >= 2:
+            break
+    chosen = loader._auto_choice["num_workers"]
+    assert chosen >= 2
+    iterator = iter(loader)
+    assert loader.num_workers == chosen  # the next epoch starts where the climb is
+    assert len(list(iterator)) == 12
 
 
 def test_workers_added_under_forkserver_unpickle_the_dataset_and_change_no_batch():
@@ -259,15 +338,15 @@ def test_workers_added_under_forkserver_unpickle_the_dataset_and_change_no_batch
         np.testing.assert_array_equal(labels, want_labels)
 
 
-def test_cpu_bound_workers_never_outnumber_the_cpus():
+def test_cpu_bound_workers_past_the_cpus_are_added_one_at_a_time():
     options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=False,
                           memory_budget=None, max_workers=16, cpus=2)
     climb = HillClimb(2, 2, options, clock=lambda: 0.0)
-    # The consumer waits, 8 workers would keep up, but the work is CPU-bound.
-    assert climb.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=True) is None
-    assert climb.settled and climb.workers == 2
-    waiting = HillClimb(2, 2, options, clock=lambda: 0.0)  # waiting on I/O: past the CPUs
-    assert waiting.judge(10.0, 0.8, 0.0, 8, None, None, None, cpu_bound=False) == ("add", 2)
+    # The consumer waits, 8 workers would keep up, but the work is CPU-bound:
+    # past the CPUs a worker only fills the gaps between the others' batches.
+    assert judged(climb, *[(10, .8, 0, 8)] * 3, cpu_bound=True)[-1] == ("add", 1)
+    waiting = HillClimb(2, 2, options, clock=lambda: 0.0)  # waiting on I/O: doubling
+    assert judged(waiting, *[(10, .8, 0, 8)] * 3)[-1] == ("add", 2)
 
 
 def test_auto_prefetch_deepens_the_ring_when_the_consumer_waits_on_idle_workers():
@@ -275,11 +354,11 @@ def test_auto_prefetch_deepens_the_ring_when_the_consumer_waits_on_idle_workers(
                           memory_budget=None, max_workers=16, cpus=2)
     climb = HillClimb(2, 2, options, clock=lambda: 0.0)
     # Waiting while the workers sit idle half the time: bursts the ring cannot smooth.
-    assert climb.judge(10.0, 0.3, 0.6, 3, None, None, None) == ("deepen", 1)
+    assert judged(climb, *[(10, .3, .6, 3)] * 3)[-1] == ("deepen", 1)
     assert climb.prefetch == 3 and climb.workers == 2
     fixed = HillClimb(2, 2, dataclasses.replace(options, auto_prefetch=False),
                       clock=lambda: 0.0)
-    assert fixed.judge(10.0, 0.3, 0.6, 3, None, None, None) == ("add", 1)
+    assert judged(fixed, *[(10, .3, .6, 3)] * 3)[-1] == ("add", 1)
 
 
 def test_auto_prefetch_keeps_order_and_batches():
