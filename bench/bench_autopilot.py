@@ -443,6 +443,43 @@ def show(row: dict) -> str:
     return "\n".join(lines)
 
 
+def passes(row: dict) -> bool:
+    """The issue's checks on one cell: >= 95 % of the best fixed setting, under the
+    budget, and where some setting keeps the wait under 2 %, CPU per sample
+    within 10 % of the smallest such setting's."""
+    cpu = row["cpu_vs_smallest_calm"]
+    return row["auto_share_of_best"] >= 0.95 and row["under_budget"] \
+        and (cpu is None or cpu <= 1.10)
+
+
+def markdown(rows: list[dict]) -> str:
+    """The cells as bench/RESULTS.md shows them, and the pipelines that pass at every step."""
+    def peer(row: dict, name: str) -> str:
+        return f"{row[name]['samples_per_s']:,.0f}" if name in row else "-"
+
+    lines = ["| pipeline | step ms | best fixed: workers, samples/s | auto samples/s | "
+             "auto's workers per round | auto / best | auto peak MB | CPU per sample / "
+             "smallest calm setting | Grain | tf.data |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        best = row["grid"][row["best_workers"]]
+        auto = row["auto"]
+        cpu = row["cpu_vs_smallest_calm"]
+        lines.append(
+            f"| {row['pipeline']} | {row['step_ms']:.0f} | {row['best_workers']}, "
+            f"{best['samples_per_s']:,.0f} | {auto['samples_per_s']:,.0f} | "
+            f"{', '.join(str(w) for w in auto['workers_per_round'])} | "
+            f"{100 * row['auto_share_of_best']:.0f} % | {auto['peak_memory'] >> 20} | "
+            f"{f'{cpu:.2f}x' if cpu else '-'} | {peer(row, 'grain')} | {peer(row, 'tf')} |")
+    names = list(dict.fromkeys(row["pipeline"] for row in rows))
+    passing = [n for n in names if all(passes(r) for r in rows if r["pipeline"] == n)]
+    lines.append("")
+    lines.append(f"Pipelines passing at every step: {len(passing)} of {len(names)} "
+                 f"({', '.join(passing) or 'none'}); cells passing: "
+                 f"{sum(passes(r) for r in rows)} of {len(rows)}.")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pipelines", default=",".join(PIPELINES))
@@ -479,6 +516,7 @@ def main() -> None:
     print(f"auto >= 95% of the best fixed setting in {met} of {len(rows)} cells; peak memory "
           f"under budget in {sum(r['under_budget'] for r in rows)} of {len(rows)}; load average "
           f"{os.getloadavg()[0]:.1f} at the end")
+    print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

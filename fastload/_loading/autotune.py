@@ -9,8 +9,9 @@ least ``WINDOW`` seconds and ``WINDOW_BATCHES`` batches of the consumer's),
 the loader's account (``time_ledger``) gives the window's rate (batches per
 second of the consumer's time) and the share of it spent blocked on workers
 in ``next()`` (the main process's own work per batch, which no worker
-removes, left out).  A window right after a change, or an epoch's first, is
-not judged (workers are starting up).  A count's rate is the median of its
+removes, left out).  A window right after a change is not judged (a worker
+is starting up).  Epochs' starts and ends are in a window's rate: a worker
+count pays them every epoch.  A count's rate is the median of its
 last ``KEPT_WINDOWS`` windows, and is compared only once it has ``LOOKS``,
 or more while they disagree by more than ``GAIN`` either side (one window is
 noisy: other processes share the CPUs):
