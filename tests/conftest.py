@@ -34,17 +34,17 @@ def torch():
 
 
 def _heavy_imports(item) -> int:
-    """0 for a test that imports no large library here, 1 for one marked
-    ``imports_heavy_library``, 2 for one that uses torch."""
-    if "torch" in getattr(item, "fixturenames", ()):
+    """0 for a test that imports no large library here, 1 for one that uses torch,
+    2 for one marked ``imports_heavy_library`` (pyarrow, datasets, moto, ...)."""
+    if item.get_closest_marker("imports_heavy_library"):
         return 2
-    return 1 if item.get_closest_marker("imports_heavy_library") else 0
+    return 1 if "torch" in getattr(item, "fixturenames", ()) else 0
 
 
 def pytest_collection_modifyitems(items):
-    # Most tests fork workers, and a fork of this process costs tens of times more
-    # once torch (or pyarrow, datasets, ...) is imported: the tests that import one
-    # run last, in pytest's order otherwise, so that the others fork a small process.
+    # Most tests fork workers, and a fork of this process costs many times more
+    # with torch imported, and more again with datasets, moto, ... beside it: tests
+    # run from the lightest process to the heaviest, in pytest's order otherwise.
     items.sort(key=_heavy_imports)
 
 
