@@ -1,9 +1,11 @@
 """Tables the source tests write, and the reference rows pyarrow itself reads back."""
 
 import numpy as np
-import pyarrow as pa
+from required import deferred
 
 import fastload as fl
+
+pa = deferred("pyarrow")  # imported by the first test to use it: tests/required.py says why
 
 
 def numeric_table(rows, start=0):

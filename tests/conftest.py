@@ -14,11 +14,6 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
-try:
-    import torch as _torch
-except ImportError:  # differential tests skip, unless CI demands them
-    _torch = None
-
 
 @pytest.fixture
 def torch():
@@ -26,12 +21,31 @@ def torch():
 
     Skips when torch is absent; fails instead when FASTLOAD_REQUIRE_TORCH is
     set (as .ci/run does), so CI cannot go green without running them.
+    Imported here, at first use, not when the suite is collected: see
+    ``pytest_collection_modifyitems``.
     """
-    if _torch is None:
+    try:
+        import torch
+    except ImportError:  # differential tests skip, unless CI demands them
         if os.environ.get("FASTLOAD_REQUIRE_TORCH"):
             pytest.fail("torch is required here (FASTLOAD_REQUIRE_TORCH is set) but is not installed")
         pytest.skip("differential test needs torch==2.13.0: pip install -e '.[test]'")
-    return _torch
+    return torch
+
+
+def _heavy_imports(item) -> int:
+    """0 for a test that imports no large library here, 1 for one that uses torch,
+    2 for one marked ``imports_heavy_library`` (pyarrow, datasets, moto, ...)."""
+    if item.get_closest_marker("imports_heavy_library"):
+        return 2
+    return 1 if "torch" in getattr(item, "fixturenames", ()) else 0
+
+
+def pytest_collection_modifyitems(items):
+    # Most tests fork workers, and a fork of this process costs many times more
+    # with torch imported, and more again with datasets, moto, ... beside it: tests
+    # run from the lightest process to the heaviest, in pytest's order otherwise.
+    items.sort(key=_heavy_imports)
 
 
 @pytest.fixture

@@ -28,6 +28,30 @@ def require_installed(module_name: str) -> None:
         _missing(module_name, "is not installed")
 
 
+def deferred(module_name: str):
+    """``module_name`` for a test module's tests, imported at their first use of it.
+
+    Whether it is installed is checked at once, as ``require_installed`` checks
+    (a skip of the whole module, or a failure under FASTLOAD_REQUIRE_TORCH); the
+    import, as ``require`` does it, waits until a test reads an attribute.  Such
+    a module is marked ``imports_heavy_library``: tests/conftest.py runs it last.
+    """
+    require_installed(module_name.partition(".")[0])  # a submodule's spec imports its package
+    return _Deferred(module_name)
+
+
+class _Deferred:
+    """Stands for a module not imported yet: see ``deferred``."""
+
+    def __init__(self, module_name: str) -> None:
+        self._module_name = module_name
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):  # pytest's collection probes objects for such names
+            raise AttributeError(f"{attribute!r}: a deferred module gives only public names")
+        return getattr(require(self._module_name), attribute)
+
+
 def _missing(module_name: str, why: str) -> None:
     if os.environ.get("FASTLOAD_REQUIRE_TORCH"):
         pytest.fail(f"{module_name} is required here (FASTLOAD_REQUIRE_TORCH is set) but "

@@ -6,31 +6,28 @@ Situations where torch raises nothing (it hangs, or a forked child takes the
 parent's batches) are fastload's own and tested in test_faults.py.
 """
 
-import faulthandler
-import os
 import pickle
 import re
 import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import fastload as fl
 
 REPO_DIR = str(Path(__file__).resolve().parent.parent)
 
-try:
-    import torch.utils.data as _torch_data
 
-    _TorchDataset = _torch_data.Dataset
-    _TorchIterable = _torch_data.IterableDataset
-except ImportError:  # the torch fixture fails or skips each test
-    _TorchDataset = _TorchIterable = object
+@pytest.fixture
+def failing(torch):
+    """tests/failing_datasets.py: its datasets subclass torch's, so it imports torch,
+    which this module leaves to the tests that use it (tests/conftest.py says why)."""
+    import failing_datasets
+
+    return failing_datasets
 
 
 def _raised(library, dataset, **kwargs):
@@ -80,28 +77,15 @@ class KeywordMessage(Exception):
         self.message = message
 
 
-class RaisesAt3(_TorchDataset):
-    def __init__(self, error):
-        self.error = error
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        if i == 3:
-            raise self.error
-        return np.full(3, i, np.float32)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("error", [ValueError("bad"), KeyError("k"), IndexError("far"),
                                    OSError(5, "disk"), TwoArguments(1, 2),
                                    KeywordMessage(message="m")], ids=lambda e: type(e).__name__)
-def test_a_datasets_exception_is_reraised_as_torchs(torch, no_leaks, num_workers, error):
+def test_a_datasets_exception_is_reraised_as_torchs(torch, failing, no_leaks, num_workers, error):
     # In a worker: the same type ("Caught ... in DataLoader worker process 1."
     # first), or RuntimeError for a type that does not take one message.
-    ours, theirs = _both(torch, RaisesAt3(error), batch_size=2, num_workers=num_workers)
+    ours, theirs = _both(torch, failing.RaisesAt3(error), batch_size=2, num_workers=num_workers)
     assert type(ours) is type(theirs)
     assert _first_line(ours) == _first_line(theirs)
     if num_workers:
@@ -112,88 +96,34 @@ def init_fails(worker_id):
     raise ValueError(f"worker {worker_id} cannot start")
 
 
-class Stream(_TorchIterable):
-    def __init__(self, fail_at_iter):
-        self.fail_at_iter = fail_at_iter
-
-    def __iter__(self):
-        if self.fail_at_iter:
-            raise ValueError("no stream")
-        yield 1
-        yield 2
-        raise OSError(5, "the stream broke")
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["worker_init_fn", "iter", "stream"])
-def test_errors_of_worker_init_fn_and_iterable_datasets_are_torchs(torch, no_leaks, case):
+def test_errors_of_worker_init_fn_and_iterable_datasets_are_torchs(torch, failing, no_leaks,
+                                                                   case):
     if case == "worker_init_fn":
-        ours, theirs = _both(torch, RaisesAt3(None), batch_size=2, num_workers=2,
+        ours, theirs = _both(torch, failing.RaisesAt3(None), batch_size=2, num_workers=2,
                              worker_init_fn=init_fails)
     else:
-        ours, theirs = _both(torch, Stream(case == "iter"), batch_size=None, num_workers=2)
+        ours, theirs = _both(torch, failing.Stream(case == "iter"), batch_size=None,
+                             num_workers=2)
     assert type(ours) is type(theirs)
     assert _first_line(ours) == _first_line(theirs)
 
 
 # -- a bad batch (the default collate) ----------------------------------------
 
-class OddSampleAt3(_TorchDataset):
-    """Samples default_collate cannot batch: sample 3 differs from the others."""
-
-    def __init__(self, kind):
-        self.kind = kind
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        odd = i == 3
-        if self.kind == "ragged":
-            return np.zeros(4 if odd else 3, np.float32)
-        if self.kind == "none":
-            return None if odd else np.zeros(3, np.float32)
-        if self.kind == "object":
-            return object() if odd else np.zeros(3, np.float32)
-        if self.kind == "missing key":
-            return {"b": 1} if odd else {"a": 1}
-        if self.kind == "list length":
-            return [1, 2, 3] if odd else [1, 2]
-        raise AssertionError(self.kind)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["ragged", "none", "object", "missing key", "list length"])
-def test_a_batch_default_collate_refuses_raises_torchs_type(torch, no_leaks, num_workers, kind):
-    ours, theirs = _both(torch, OddSampleAt3(kind), batch_size=2, num_workers=num_workers)
+def test_a_batch_default_collate_refuses_raises_torchs_type(torch, failing, no_leaks, num_workers,
+                                                            kind):
+    ours, theirs = _both(torch, failing.OddSampleAt3(kind), batch_size=2, num_workers=num_workers)
     _assert_torchs_type(ours, theirs)
     if num_workers:
         assert _first_line(ours) == f"Caught {type(ours).__name__} in DataLoader worker process 1."
 
 
 # -- a worker that dies, a timeout ---------------------------------------------
-
-class DiesAt3(_TorchDataset):
-    def __init__(self, how):
-        self.how = how
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        if i == 3:
-            if self.how == "os._exit":
-                os._exit(3)
-            if self.how == "sys.exit":
-                sys.exit(3)
-            if self.how == "sleep":
-                time.sleep(2)
-            else:
-                faulthandler.disable()  # pytest's, inherited: no dump of a death on purpose
-                os.kill(os.getpid(), getattr(signal, self.how))
-        return np.full(3, i, np.float32)
-
 
 # torch's words when its SIGCHLD handler sees the exit (its poll says
 # "DataLoader worker (pid(s) <pid>) exited unexpectedly").
@@ -205,8 +135,8 @@ _TORCHS_POLL = r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", ["os._exit", "sys.exit", "SIGKILL", "SIGSEGV"])
-def test_a_worker_that_dies_is_torchs_runtime_error(torch, no_leaks, how):
-    ours, theirs = _both(torch, DiesAt3(how), batch_size=2, num_workers=2)
+def test_a_worker_that_dies_is_torchs_runtime_error(torch, failing, no_leaks, how):
+    ours, theirs = _both(torch, failing.DiesAt3(how), batch_size=2, num_workers=2)
     assert type(ours) is type(theirs) is RuntimeError
     if how.startswith("SIG"):
         text = signal.strsignal(getattr(signal, how))
@@ -220,20 +150,21 @@ def test_a_worker_that_dies_is_torchs_runtime_error(torch, no_leaks, how):
 
 
 @pytest.mark.timeout(90)
-def test_a_timeout_is_torchs_runtime_error(torch, no_leaks):
-    ours, theirs = _both(torch, DiesAt3("sleep"), batch_size=2, num_workers=2, timeout=0.5)
+def test_a_timeout_is_torchs_runtime_error(torch, failing, no_leaks):
+    ours, theirs = _both(torch, failing.DiesAt3("sleep"), batch_size=2, num_workers=2,
+                         timeout=0.5)
     assert type(ours) is type(theirs) is RuntimeError
     assert str(ours) == str(theirs) == "DataLoader timed out after 0.5 seconds"
 
 
-def test_a_timeout_without_workers_is_torchs_assertion_error(torch):
-    ours, theirs = _both(torch, RaisesAt3(None), timeout=1)
+def test_a_timeout_without_workers_is_torchs_assertion_error(torch, failing):
+    ours, theirs = _both(torch, failing.RaisesAt3(None), timeout=1)
     assert isinstance(ours, AssertionError) and isinstance(theirs, AssertionError)
 
 
-def test_pickling_an_iterator_is_torchs_not_implemented_error(torch, no_leaks):
+def test_pickling_an_iterator_is_torchs_not_implemented_error(torch, failing, no_leaks):
     for library in (fl, torch.utils.data):
-        iterator = iter(library.DataLoader(RaisesAt3(None), num_workers=2))
+        iterator = iter(library.DataLoader(failing.RaisesAt3(None), num_workers=2))
         with pytest.raises(NotImplementedError):
             pickle.dumps(iterator)
         iterator._shutdown_workers()
@@ -251,13 +182,14 @@ lambda_collate = lambda batch: batch  # noqa: E731
 @pytest.mark.timeout(120)
 @pytest.mark.filterwarnings("ignore:Got pickle error when attempting to start a worker")
 @pytest.mark.parametrize("what", ["lambda collate_fn", "local worker_init_fn"])
-def test_spawn_with_what_cannot_be_pickled_is_torchs_pickling_error(torch, no_leaks, what):
+def test_spawn_with_what_cannot_be_pickled_is_torchs_pickling_error(torch, failing, no_leaks,
+                                                                    what):
     def local_init(worker_id):
         pass
 
     argument = {"collate_fn": lambda_collate} if what == "lambda collate_fn" \
         else {"worker_init_fn": local_init}
-    ours, theirs = _both(torch, RaisesAt3(None), batch_size=2, num_workers=2,
+    ours, theirs = _both(torch, failing.RaisesAt3(None), batch_size=2, num_workers=2,
                          multiprocessing_context="spawn", **argument)
     assert type(ours) is type(theirs)
     assert str(theirs) in str(ours)  # torch's words, with which object and what to do

@@ -74,11 +74,15 @@ def _sum_fn(batch, *, collate_fn_map=None):
 
 
 @pytest.fixture(autouse=True)
-def restore_maps():
+def restore_maps(request):
     """Every test leaves fastload's map (and torch's, when loaded) as it found them."""
     maps = [default_collate_fn_map]
-    torch = sys.modules.get("torch")
-    if torch is not None:
+    if "torch" in request.fixturenames:  # import it now, not in the test: its map is saved
+        request.getfixturevalue("torch")
+        # torch loaded after fastload is keyed by the first collate() over the default
+        # map (NOTE [ The collate_fn_map ]): here, so that the map saved has the key.
+        collate([0], collate_fn_map=default_collate_fn_map)
+    if sys.modules.get("torch") is not None:
         from torch.utils.data._utils.collate import default_collate_fn_map as theirs
 
         maps.append(theirs)

@@ -41,10 +41,11 @@ def accelerator(torch, monkeypatch):
 
     class Fake:
         type = "cuda"
-        pinned = []
-        calls = []
 
     fake = Fake()
+    # On the instance: a class is freed only by a garbage collection, and these
+    # lists hold the test's batches (tests/loading/test_workers.py counts what is kept).
+    fake.pinned, fake.calls = [], []
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator",
                         lambda check_available=False: torch.device(fake.type))

@@ -484,6 +484,7 @@ def test_numpy_views_of_torch_batches_survive_share_memory(torch, collate):
     # batch's storage out of its ring slot: a numpy view taken before must not
     # see the slot's next batches (NOTE [ Tensors keep their slot ]), and the
     # slots must still come back once nothing uses them.
+    gc.collect()  # batches an earlier test left in garbage cycles are not this test's
     kwargs = {} if collate == "default" else {"collate_fn": fl.default_collate}
     loader = DataLoader(ArrayDataset(np.repeat(np.arange(200, dtype=np.float32), 256).reshape(200, 256)),
                         batch_size=4, num_workers=2, output="torch", **kwargs)

@@ -4,14 +4,16 @@ import pickle
 
 import numpy as np
 import pytest
-from required import require
+from required import deferred, require
 
-pa = require("pyarrow")
+pa = deferred("pyarrow")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ArrowDataset  # noqa: E402
 from arrow_tables import (assert_row_is, labels_seen, mixed_table, numeric_table,  # noqa: E402
                               reference_row)
+
+pytestmark = pytest.mark.imports_heavy_library
 
 
 def _write(path, table, stream=False, batch_rows=7):

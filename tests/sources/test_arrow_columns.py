@@ -2,11 +2,13 @@
 
 import numpy as np
 import pytest
-from required import require
+from required import deferred
 
-pa = require("pyarrow")
+pa = deferred("pyarrow")
 
 from fastload.sources.arrow_columns import chunk_rows, fixed_width_rows  # noqa: E402
+
+pytestmark = pytest.mark.imports_heavy_library
 
 
 def _rows_of(column):
@@ -29,13 +31,15 @@ def test_numbers_lists_and_fixed_size_lists_are_their_numpy_rows():
                                   [True, False])
 
 
-@pytest.mark.parametrize("column", [
-    pa.chunked_array([pa.array([[1], [2, 3]])]),                     # ragged
-    pa.chunked_array([pa.array([[1, 2]]), pa.array([[1, 2, 3]])]),   # widths differ by chunk
-    pa.chunked_array([pa.array([1, None])]),                         # a null
-    pa.chunked_array([pa.array(["a", "b"])]),                        # strings
-    pa.chunked_array([pa.array([[], []], pa.list_(pa.int64()))]),   # empty rows
-    pa.chunked_array([pa.array([15], pa.timestamp("s"))]),       # timestamps
+# Built in the test, not at collection: pyarrow is imported only when a test needs it.
+@pytest.mark.parametrize("make_column", [
+    lambda: pa.chunked_array([pa.array([[1], [2, 3]])]),                    # ragged
+    lambda: pa.chunked_array([pa.array([[1, 2]]), pa.array([[1, 2, 3]])]),  # widths differ by chunk
+    lambda: pa.chunked_array([pa.array([1, None])]),                        # a null
+    lambda: pa.chunked_array([pa.array(["a", "b"])]),                       # strings
+    lambda: pa.chunked_array([pa.array([[], []], pa.list_(pa.int64()))]),  # empty rows
+    lambda: pa.chunked_array([pa.array([15], pa.timestamp("s"))]),          # timestamps
 ], ids=["ragged", "widths", "null", "strings", "empty", "timestamp"])
-def test_columns_that_are_not_fixed_width_are_read_row_by_row(column):
+def test_columns_that_are_not_fixed_width_are_read_row_by_row(make_column):
+    column = make_column()
     assert fixed_width_rows(column) is None

@@ -11,9 +11,11 @@ from batch_compare import assert_same, assert_same_as_torch
 
 import fastload as fl
 from fastload._loading.fetch import whole_batch_rows
-from required import require
+from required import deferred
 
-datasets = require("datasets")
+datasets = deferred("datasets")
+
+pytestmark = pytest.mark.imports_heavy_library
 
 ROWS = 203
 

@@ -20,14 +20,14 @@ from images import smooth_photo
 import fastload as fl
 from fastload.rng import seed_transform_rng
 from fastload.vision import transforms as T
-from required import require
+from required import deferred
 
-datasets = require("datasets")
+datasets = deferred("datasets")
 
 from fastload.sources import ImageColumnTransform  # noqa: E402
 from fastload.sources.image_columns import ImageColumnRows  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.imports_heavy_library]
 
 # fastload.vision.decode's bound on reduced-size decoding: a mean absolute error under 1 level.
 DRAFT_MEAN_ERROR_BOUND = 1.0

@@ -4,15 +4,17 @@ import pickle
 
 import numpy as np
 import pytest
-from required import require
+from required import deferred
 
-pa = require("pyarrow")
-pq = require("pyarrow.parquet")
+pa = deferred("pyarrow")
+pq = deferred("pyarrow.parquet")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ParquetDataset  # noqa: E402
 from arrow_tables import (assert_row_is, labels_seen, mixed_table, numeric_table,  # noqa: E402
                           reference_row)
+
+pytestmark = pytest.mark.imports_heavy_library
 
 
 def _write(tmp_path, tables, group_rows=5):

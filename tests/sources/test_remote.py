@@ -9,11 +9,11 @@ import os
 import time
 
 import pytest
-from required import require
+from required import deferred, require, require_installed
 
-wds = require("webdataset")
-require("fsspec")
-require("aiohttp")
+wds = deferred("webdataset")
+require_installed("fsspec")
+require_installed("aiohttp")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ShardStream, TarShards  # noqa: E402
@@ -21,7 +21,7 @@ from fastload.sources.remote import RemoteObject, is_url  # noqa: E402
 from nginx_server import NginxServer, nginx_binary  # noqa: E402
 from range_server import RangeServer  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.imports_heavy_library]
 
 
 @pytest.fixture

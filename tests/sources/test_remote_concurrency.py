@@ -10,11 +10,11 @@ import os
 
 import numpy as np
 import pytest
-from required import require
+from required import deferred, require, require_installed
 
-wds = require("webdataset")
-require("fsspec")
-require("aiohttp")
+wds = deferred("webdataset")
+require_installed("fsspec")
+require_installed("aiohttp")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import TarShards  # noqa: E402
@@ -22,7 +22,7 @@ from fastload.sources.remote import RemoteClient, RemoteObject  # noqa: E402
 from fastload.sources.remote_client import merge_spans  # noqa: E402
 from range_server import RangeServer  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.imports_heavy_library]
 
 LATENCY = 0.3
 

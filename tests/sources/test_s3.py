@@ -14,21 +14,20 @@ import socket
 import time
 
 import pytest
-from required import require
+from required import deferred, require_installed
 
-wds = require("webdataset")
-pa = require("pyarrow")
-require("s3fs")
-moto_server = require("moto.server")
-boto3 = require("boto3")
-
-import pyarrow.parquet as pq  # noqa: E402
+wds = deferred("webdataset")
+pa = deferred("pyarrow")
+pq = deferred("pyarrow.parquet")
+require_installed("s3fs")
+moto_server = deferred("moto.server")
+boto3 = deferred("boto3")
 
 import fastload as fl  # noqa: E402
 from arrow_tables import numeric_table  # noqa: E402
 from fastload.sources import ArrowDataset, ParquetDataset, TarShards  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.imports_heavy_library]
 
 BUCKET = "fastload-test"
 KEY, SECRET = "fastload-dummy-key", "fastload-dummy-secret"

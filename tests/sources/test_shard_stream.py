@@ -4,13 +4,15 @@ import collections
 
 import numpy as np
 import pytest
-from required import require
+from required import deferred
 
-wds = require("webdataset")
+wds = deferred("webdataset")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import ShardStream  # noqa: E402
 from fastload.sources.shard_stream import buffer_shuffled  # noqa: E402
+
+pytestmark = pytest.mark.imports_heavy_library
 
 SAMPLES = 30
 

@@ -8,14 +8,16 @@ import tarfile
 
 import numpy as np
 import pytest
-from required import require
+from required import deferred, require
 
-wds = require("webdataset")
+wds = deferred("webdataset")
 Image = require("PIL.Image")
 
 import fastload as fl  # noqa: E402
 from fastload.sources import TarShards  # noqa: E402
 from fastload.sources.tar_index import index_path, read_members  # noqa: E402
+
+pytestmark = pytest.mark.imports_heavy_library
 
 
 def _jpeg(i):
