@@ -57,6 +57,7 @@ import math
 import os
 import statistics
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,7 +292,9 @@ class AutoWorkers:
 
     def __init__(self, iterator: Any, options: AutoOptions, choice: dict,
                  climb: HillClimb) -> None:
-        self.iterator = iterator
+        # Weakly: the iterator holds this object, and a cycle would keep a dropped
+        # iterator's workers, pipes and ring alive until the collector ran.
+        self._iterator = weakref.ref(iterator)
         self.options = options
         self._choice = choice  # the loader's: the next epoch and a state start from it
         self.budget = options.memory_budget if options.memory_budget is not None \
@@ -303,6 +306,11 @@ class AutoWorkers:
         # This epoch's workers' totals when the window began (new workers: zero).
         self._worker_marks = (0.0, 0.0, 0.0, 0.0)
         choice.update(self.choice())
+
+    @property
+    def iterator(self) -> Any:
+        """The ``_MultiProcessIter`` (it alone calls this object, so it is alive)."""
+        return self._iterator()
 
     @property
     def target(self) -> int:

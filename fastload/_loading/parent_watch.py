@@ -9,8 +9,9 @@ NOTE [ What happens at fork, at exit and on a signal ] in
 from __future__ import annotations
 
 import os
-import select
 import signal
+
+from fastload._lifetime.descriptors import readable
 
 __all__ = ["LIVENESS_INTERVAL", "ParentWatch", "die_of_sigterm"]
 
@@ -48,7 +49,7 @@ class ParentWatch:
         if self._exited:
             return True
         if self.fd is not None:
-            self._exited = bool(select.select([self.fd], [], [], 0)[0])
+            self._exited = readable(self.fd)
         elif self._forked_by_parent:
             # Re-parented (to init or a subreaper) the moment the parent exits.
             self._exited = os.getppid() != self.parent_pid

@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 from fastload._lifetime import pipe_ends
+from fastload._lifetime.descriptors import readable
 from fastload._lifetime.interrupts import signals_held
 from fastload._loading import reaping
 from fastload._loading.wire.frames import FrameReader, send_frame
@@ -372,7 +373,7 @@ class WorkerPool:
         the failed fetch at once.
         """
         process = self.processes[worker_id]
-        if select.select([process.sentinel], [], [], grace)[0]:
+        if readable(process.sentinel, grace):
             raise reaping.died(process)
 
     def receive(self, timeout: float | None, awaited: int | None = None) -> tuple[int, Any] | None:
@@ -442,7 +443,7 @@ class WorkerPool:
         fd = self._readers[worker_id].fd
         # Never blocks: only what is in the pipe already is read (a process
         # forked while this pipe was open might still hold its writing end).
-        while got is None and fd in self._worker_of_fd and select.select([fd], [], [], 0)[0]:
+        while got is None and fd in self._worker_of_fd and readable(fd):
             try:
                 self._readers[worker_id].fill()
             except EOFError:

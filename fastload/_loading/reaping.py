@@ -11,13 +11,13 @@ from __future__ import annotations
 import itertools
 import multiprocessing.process
 import os
-import select
 import signal
 import time
 import weakref
 from typing import Any
 
 from fastload._lifetime.hooks import at_fork
+from fastload._lifetime.descriptors import readable
 from fastload._lifetime.interrupts import signals_deferred
 from fastload._lifetime.weak_registry import WeakRegistry
 from fastload._loading.errors import WorkerDied
@@ -70,7 +70,7 @@ def running(process: Any) -> bool:
         return False
     if not process.is_alive():  # reaps it if it has exited
         return False
-    if not select.select([sentinel], [], [], 0)[0]:
+    if not readable(sentinel):
         return True
     # Its descriptors are closed: it is exiting (its status comes a moment
     # later), or its status was collected elsewhere.
