@@ -34,7 +34,7 @@ the best grid rate (>= 95 %), peak memory under the budget, and where the
 consumer is the bottleneck (some grid setting waits < 2 %), auto's CPU per
 sample against the smallest such setting's (within 10 %).
 
-    python bench/bench_autopilot.py                          # all: about 15 minutes
+    python bench/bench_autopilot.py                          # all: about an hour
     python bench/bench_autopilot.py --pipelines io,heavy-collate --steps 0,50 \\
         --seconds 1 --auto-seconds 4 --peers none            # a quick check
 """
