@@ -117,6 +117,7 @@ class Window:
     step: float        # of which its own steps
     wait: float        # of which steady waits in next() (workers' first batches apart)
     blocked: float     # the main process blocked on workers' answers
+    resets: int        # the account's resets so far (report(reset=True) starts it again)
 
 
 class HillClimb:
@@ -321,7 +322,8 @@ class AutoWorkers:
     def _mark(self) -> Window:
         ledger = self.iterator._ledger
         spent = ledger.wait + ledger.first_wait + ledger.step + ledger.startup
-        return Window(ledger.batches, spent, ledger.step, ledger.wait, ledger.blocked)
+        return Window(ledger.batches, spent, ledger.step, ledger.wait, ledger.blocked,
+                      ledger.resets)
 
     def memory(self) -> tuple[int | None, int | None]:
         """(workers' memory + the ring's bytes, what one more worker would add), or
@@ -345,7 +347,7 @@ class AutoWorkers:
     def tick(self) -> None:
         """After a batch is handed out: judge the window once it is long enough."""
         mark, window = self._mark(), self.climb.window
-        if window is None or mark.batches < window.batches:  # the first, or report(reset=True)
+        if window is None or mark.resets != window.resets:  # the first, or report(reset=True)
             self.climb.begin_window(mark)
             return
         batches, spent = mark.batches - window.batches, mark.spent - window.spent

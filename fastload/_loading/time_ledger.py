@@ -52,13 +52,15 @@ class TimeLedger:
     iterator's makers, since the loader was made or the last ``report(reset=True)``."""
 
     __slots__ = ("batches", "wait", "first_batches", "first_wait", "step", "blocked", "startup",
-                 "iterators", "folded")
+                 "iterators", "folded", "resets")
 
     def __init__(self) -> None:
         self.iterators: list[IteratorTimes] = []
+        self.resets = 0       # how many times the account started again (a window spans none)
         self.reset()
 
     def reset(self) -> None:
+        self.resets += 1
         self.batches = 0      # batches handed to the consumer
         self.wait = 0.0       # seconds the consumer spent inside next()
         # Kept apart from ``wait`` (start-up, not the steady state): the batches that
@@ -104,6 +106,7 @@ class TimeLedger:
 
     def __setstate__(self, state: dict) -> None:
         self.iterators = []
+        self.resets = 0
         self.reset()
 
 

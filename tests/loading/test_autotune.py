@@ -132,6 +132,22 @@ def test_a_dropped_auto_iterator_goes_at_once_without_the_collector(no_leaks):
     assert descriptors[-1] <= descriptors[0]
 
 
+def test_a_reset_report_starts_the_climbs_window_again():
+    # 20 ms of sleeping per batch: more workers help, before and after the reset.
+    loader = fl.DataLoader(Sleepy(400, 0.01), batch_size=2, num_workers="auto", generator=0)
+    iterator = iter(loader)
+    for _ in range(10):
+        next(iterator)
+    loader.report(reset=True)
+    next(iterator)
+    # The window in progress was of the old account: a new one began at the reset.
+    assert loader._auto_climb.window.resets == loader._ledger.resets
+    deadline = time.monotonic() + 30
+    while loader._auto_choice["num_workers"] < 2 and time.monotonic() < deadline:
+        next(iterator)
+    assert loader._auto_choice["num_workers"] >= 2
+
+
 def test_a_worker_that_dies_is_still_an_error():
     loader = fl.DataLoader(Sleepy(400, 0.01), batch_size=2, num_workers="auto")
     iterator = iter(loader)
