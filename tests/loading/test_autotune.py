@@ -2,7 +2,6 @@
 keeps under its memory budget, and keeps order and determinism while it adds and
 retires workers mid-epoch (against a fixed count seeded per batch, as auto is)."""
 
-import dataclasses
 import gc
 import os
 import random
@@ -258,6 +257,13 @@ def test_auto_refuses_an_iterable_dataset():
         fl.DataLoader(Stream(), num_workers="auto")
 
 
+def new_climb(workers, clock=lambda: 0.0, **options):
+    """A climb starting at ``workers`` (prefetch 2, no budget, up to 16 workers)."""
+    fields = dict(start_workers=workers, start_prefetch=2, auto_prefetch=False,
+                  memory_budget=None, max_workers=16)
+    return HillClimb(workers, 2, AutoOptions(**{**fields, **options}), clock=clock)
+
+
 def judged(climb, *windows, **kw):
     """The climb's decisions over ``windows`` of (rate, wait share, idle share, needed)."""
     return [climb.judge(rate, wait, idle, needed, None, None, None, **kw)
@@ -265,9 +271,7 @@ def judged(climb, *windows, **kw):
 
 
 def test_the_climb_adds_while_it_gains_and_settles_when_it_stops():
-    options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
-                          memory_budget=None, max_workers=16)
-    climb = HillClimb(1, 2, options, clock=lambda: 0.0)
+    climb = new_climb(1)
     # The first window (workers starting) is not judged; a count's rate is the
     # median of two windows.  The consumer waits; 4 workers would keep up.
     assert judged(climb, (99, .8, 0, 4), (10, .8, 0, 4), (10, .8, 0, 4)) == [None, None, ("add", 1)]
@@ -287,9 +291,7 @@ def test_the_climb_adds_while_it_gains_and_settles_when_it_stops():
 
 
 def test_the_climb_retires_idle_workers_until_the_consumer_waits():
-    options = AutoOptions(start_workers=3, start_prefetch=2, auto_prefetch=False,
-                          memory_budget=None, max_workers=16)
-    climb = HillClimb(3, 2, options, clock=lambda: 0.0)
+    climb = new_climb(3)
     # The consumer never waits and the workers sit idle: one fewer, while that holds.
     assert judged(climb, (0, 0, 0, 1), (10, 0, .7, 1), (10, 0, .7, 1)) \
         == [None, None, ("retire", 1)]
@@ -301,10 +303,8 @@ def test_the_climb_retires_idle_workers_until_the_consumer_waits():
 
 
 def test_a_settled_climb_looks_again_a_minute_later():
-    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=False,
-                          memory_budget=None, max_workers=16)
     now = [0.0]
-    climb = HillClimb(2, 2, options, clock=lambda: now[0])
+    climb = new_climb(2, clock=lambda: now[0])
     assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("add", 2)]
     assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("retire", 2)]
     assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8)) == [None, ("add", 1)]
@@ -319,9 +319,7 @@ def test_a_settled_climb_looks_again_a_minute_later():
 
 
 def test_windows_that_disagree_are_looked_at_again_before_a_decision():
-    options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
-                          memory_budget=None, max_workers=16)
-    climb = HillClimb(1, 2, options, clock=lambda: 0.0)
+    climb = new_climb(1)
     # 10 and 14 disagree by more than 5 % either side: a third window, a fourth,
     # and then the median of the four decides.
     assert judged(climb, (0, .8, 0, 4), (10, .8, 0, 4), (14, .8, 0, 4), (12, .8, 0, 4)) \
@@ -334,10 +332,8 @@ def test_windows_that_disagree_are_looked_at_again_before_a_decision():
 
 
 def test_the_climb_settles_at_the_fastest_count_when_its_time_is_up():
-    options = AutoOptions(start_workers=1, start_prefetch=2, auto_prefetch=False,
-                          memory_budget=None, max_workers=16)
     now = [0.0]
-    climb = HillClimb(1, 2, options, clock=lambda: now[0])
+    climb = new_climb(1, clock=lambda: now[0])
     assert judged(climb, (0, .8, 0, 8), (10, .8, 0, 8), (10, .8, 0, 8)) == [None, None, ("add", 1)]
     assert judged(climb, (0, .8, 0, 8), (30, .8, 0, 8), (30, .8, 0, 8)) == [None, None, ("add", 2)]
     assert judged(climb, (0, .8, 0, 8), (20, .8, 0, 8)) == [None, None]
@@ -377,25 +373,20 @@ def test_workers_added_under_forkserver_unpickle_the_dataset_and_change_no_batch
 
 
 def test_cpu_bound_workers_past_the_cpus_are_added_one_at_a_time():
-    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=False,
-                          memory_budget=None, max_workers=16, cpus=2)
-    climb = HillClimb(2, 2, options, clock=lambda: 0.0)
+    climb = new_climb(2, cpus=2)
     # The consumer waits, 8 workers would keep up, but the work is CPU-bound:
     # past the CPUs a worker only fills the gaps between the others' batches.
     assert judged(climb, *[(10, .8, 0, 8)] * 3, cpu_bound=True)[-1] == ("add", 1)
-    waiting = HillClimb(2, 2, options, clock=lambda: 0.0)  # waiting on I/O: doubling
+    waiting = new_climb(2, cpus=2)  # waiting on I/O: doubling
     assert judged(waiting, *[(10, .8, 0, 8)] * 3)[-1] == ("add", 2)
 
 
 def test_auto_prefetch_deepens_the_ring_when_the_consumer_waits_on_idle_workers():
-    options = AutoOptions(start_workers=2, start_prefetch=2, auto_prefetch=True,
-                          memory_budget=None, max_workers=16, cpus=2)
-    climb = HillClimb(2, 2, options, clock=lambda: 0.0)
+    climb = new_climb(2, auto_prefetch=True, cpus=2)
     # Waiting while the workers sit idle half the time: bursts the ring cannot smooth.
     assert judged(climb, *[(10, .3, .6, 3)] * 3)[-1] == ("deepen", 1)
     assert climb.prefetch == 3 and climb.workers == 2
-    fixed = HillClimb(2, 2, dataclasses.replace(options, auto_prefetch=False),
-                      clock=lambda: 0.0)
+    fixed = new_climb(2, cpus=2)
     assert judged(fixed, *[(10, .3, .6, 3)] * 3)[-1] == ("add", 1)
 
 
