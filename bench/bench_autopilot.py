@@ -4,14 +4,12 @@ For each of 8 pipelines x consumer steps of 0, 5 and 50 ms (a ``time.sleep``
 after each batch, standing in for a training step):
 
 * the grid: fastload with each fixed ``num_workers`` of ``--grid`` (and
-  ``prefetch_factor=2``), each measured for ``--seconds`` after its first
-  batch; the best is the highest samples/s;
-* auto: fastload ``num_workers="auto"`` for ``--auto-seconds`` (the climb has
-  that long to settle: 10 s in the issue), then measured for ``--seconds``;
-  its peak memory (workers' PSS + the ring, sampled every 50 ms) against
-  its budget (``--budget-mb``, default the loader's own: half the available
-  memory), sampled every 100 ms in every fastload run (the watch's own CPU,
-  reading /proc, is left out of the CPU figures);
+  ``prefetch_factor=2``); the best is the highest samples/s;
+* auto: fastload ``num_workers="auto"``, whose climb has ``--warm-seconds``
+  to settle (10 s in the issue); its peak memory (workers' PSS + the ring,
+  sampled every 100 ms in every fastload run; the watch's own CPU, reading
+  /proc, is left out of the CPU figures) against its budget (``--budget-mb``,
+  default the loader's own: half the available memory);
 * Grain: ``pick_performance_config`` (its RAM-budget rule) picks the
   ``mp_prefetch`` workers for the same samples and batches (grain.MapDataset
   ... .batch ... .mp_prefetch), measured the same way, for the pipelines
@@ -22,26 +20,32 @@ after each batch, standing in for a training step):
   it runs under the GIL, in tf.data's threads), ``num_parallel_calls=AUTOTUNE``
   and ``prefetch(AUTOTUNE)``.
 
-Every setting runs once per round (``--rounds``, 3), in an order rotated each
+Every run, fixed, auto or a peer, runs for ``--warm-seconds`` and is then
+measured for ``--seconds``, so all are measured at the same point of a run
+(an epoch's end falls in every setting's figure alike, or in none).  Every
+setting runs once per round (``--rounds``, 3), in an order rotated each
 round, and its figure is the median of its rounds: the best fixed setting is
 then not the luck of one run.
 
 Per run: samples/s, the consumer's data wait (fastload's ``report()``; for
 the peers the share of time spent in ``next()``), CPU-seconds per sample
-(this process and its children, from ``psutil``), and the worker count.
+(this process and its children, from their CPU-time clocks), and the worker count.
 The checks the issue asks for are printed per cell: auto's rate as a share of
 the best grid rate (>= 95 %), peak memory under the budget, and where the
 consumer is the bottleneck (some grid setting waits < 2 %), auto's CPU per
-sample against the smallest such setting's (within 10 %).
+sample against the smallest such setting's (within 10 %), and, like for like,
+against the fixed setting of the count auto chose (which tells auto's own cost
+from its choice).
 
-    python bench/bench_autopilot.py                          # all: about an hour
+    python bench/bench_autopilot.py                          # all: about 100 minutes
     python bench/bench_autopilot.py --pipelines io,heavy-collate --steps 0,50 \\
-        --seconds 1 --auto-seconds 4 --peers none            # a quick check
+        --seconds 1 --warm-seconds 4 --peers none            # a quick check
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
 import os
@@ -200,37 +204,43 @@ def pipeline(name: str, scratch: str) -> dict:
 
 class Watch:
     """CPU seconds of this process and its children, and peak memory of a loader's
-    workers and ring, sampled every 100 ms in a thread."""
+    workers and ring, sampled every 100 ms in a thread.
+
+    CPU time is read from each process's CPU-time clock (nanoseconds: ``cpu_times``'
+    clock ticks of 10 ms are coarser than a worker's whole CPU in a 2 s run at a
+    slow step).  A child that ends within the run (a worker retired, or restarted
+    at an epoch's end) counts in full through ``RUSAGE_CHILDREN`` once reaped,
+    less what it had used before the run."""
 
     def __init__(self, iterator: Any = None) -> None:
         import psutil
 
         self._me = psutil.Process()
         self._iterator = iterator
-        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (first, last) CPU seconds
+        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (at the start or birth, last)
+        self._reaped_before = _reaped_children_cpu()
         self.peak_memory = 0
         self._own_cpu = 0.0  # the watch's own CPU seconds, left out of the figure
         self._done = threading.Event()
-        self._sample()
+        self._sample(first=True)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _sample(self) -> None:
+    def _sample(self, first: bool = False) -> None:
         began = time.thread_time()
         try:
-            self._read()
+            self._read(first)
         finally:
             self._own_cpu += time.thread_time() - began
 
-    def _read(self) -> None:
+    def _read(self, first: bool) -> None:
         for process in [self._me, *self._me.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-            except Exception:
+            cpu = _process_cpu(process.pid)
+            if cpu is None:
                 continue
-            cpu = times.user + times.system
-            first = self._cpu.get(process.pid, (cpu, cpu))[0]
-            self._cpu[process.pid] = (first, cpu)
+            # A child born within the run counts from its birth (zero).
+            start = self._cpu.get(process.pid, (cpu if first or process is self._me else 0.0,))[0]
+            self._cpu[process.pid] = (start, cpu)
         iterator = self._iterator
         if iterator is not None and not iterator.closed and hasattr(iterator, "_pool"):
             pool = iterator._pool
@@ -247,7 +257,32 @@ class Watch:
         self._done.set()
         self._thread.join()
         self._sample()
-        return sum(last - first for first, last in self._cpu.values()) - self._own_cpu
+        alive = {process.pid for process in self._me.children(recursive=True)}
+        alive.add(self._me.pid)
+        total = 0.0
+        for pid, (start, last) in self._cpu.items():
+            # An ended child is counted whole by RUSAGE_CHILDREN: its use before the run comes off.
+            total += last - start if pid in alive else -start
+        total += _reaped_children_cpu() - self._reaped_before
+        return total - self._own_cpu
+
+
+def _process_cpu(pid: int) -> float | None:
+    """A process's CPU seconds, all its threads' (ended ones too), in nanoseconds'
+    resolution: its CPU-time clock (Linux's clock id for another process, as
+    glibc's ``clock_getcpuclockid`` makes it).  None if it is gone."""
+    clock = ctypes.c_int32((~pid << 3) | 2).value  # CPUCLOCK_SCHED of the whole process
+    try:
+        return time.clock_gettime(clock)
+    except OSError:
+        return None
+
+
+def _reaped_children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _samples_in(batch: Any) -> int:
@@ -300,9 +335,9 @@ def run_fastload(spec: dict, workers: Any, step: float, args: argparse.Namespace
         options.update(num_workers=workers)
     loader = fl.DataLoader(spec["dataset"], generator=0, **options)
     batches = endless(loader)
-    warm = args.auto_seconds if workers == "auto" else 0.5
     # Every fastload run's memory is watched alike.
-    result = measure(batches, step, args.seconds, warm, lambda: loader._last_iterator())
+    result = measure(batches, step, args.seconds, args.warm_seconds,
+                     lambda: loader._last_iterator())
     result["workers"] = loader._auto_choice.get("num_workers") if workers == "auto" else workers
     batches.close()
     return result
@@ -320,7 +355,7 @@ def run_grain(spec: dict, step: float, args: argparse.Namespace, budget: int | N
                                      max_workers=None, max_buffer_size=None)
     workers = config.multiprocessing_options.num_workers
     iterator = iter(ds.mp_prefetch(config.multiprocessing_options))
-    result = measure(iterator, step, args.seconds, warm_seconds=1.0)
+    result = measure(iterator, step, args.seconds, args.warm_seconds)
     result["workers"] = workers
     iterator.close()
     return result
@@ -348,7 +383,7 @@ def run_tf(spec: dict, step: float, args: argparse.Namespace) -> dict:
         ds = ds.map(collated, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.prefetch(tf.data.AUTOTUNE).repeat()
     iterator = (batch.numpy() for batch in ds)
-    result = measure(iterator, step, args.seconds, warm_seconds=2.0)
+    result = measure(iterator, step, args.seconds, args.warm_seconds)
     result["workers"] = "threads"
     return result
 
@@ -359,7 +394,8 @@ def run_peer_apart(peer: str, name: str, step: float, args: argparse.Namespace,
     would make every later fork of a fastload worker slower (a bigger process to
     copy), which is not the cost a fastload user pays."""
     command = [sys.executable, os.path.abspath(__file__), "--peer-run", peer,
-               "--pipelines", name, "--steps", str(1000 * step), "--seconds", str(args.seconds)]
+               "--pipelines", name, "--steps", str(1000 * step), "--seconds", str(args.seconds),
+               "--warm-seconds", str(args.warm_seconds)]
     if budget is not None:
         command += ["--budget-mb", str(budget >> 20)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -380,11 +416,12 @@ def peer_run(args: argparse.Namespace) -> None:
 
 
 def median_run(runs: list[dict]) -> dict:
-    """The round whose samples/s is the median (its wait, CPU and workers go with it),
-    with the peak memory of every round."""
+    """The round whose samples/s is the median (its wait and workers go with it),
+    with the median CPU per sample of the rounds and the peak memory of every round."""
     ordered = sorted(runs, key=lambda r: r["samples_per_s"])
     middle = dict(ordered[(len(ordered) - 1) // 2])
     middle["samples_per_s"] = statistics.median(r["samples_per_s"] for r in runs)
+    middle["cpu_per_sample_us"] = statistics.median(r["cpu_per_sample_us"] for r in runs)
     middle["peak_memory"] = max(r["peak_memory"] for r in runs)
     middle["rounds"] = [round(r["samples_per_s"]) for r in runs]
     if "workers" in middle:
@@ -422,6 +459,8 @@ def cell(name: str, spec: dict, step: float, args: argparse.Namespace, budget: i
     chosen = auto["workers"]
     row["auto_vs_same_count"] = (auto["samples_per_s"] / grid[chosen]["samples_per_s"]
                                  if chosen in grid else None)
+    row["cpu_vs_same_count"] = (auto["cpu_per_sample_us"] / grid[chosen]["cpu_per_sample_us"]
+                                if chosen in grid and calm else None)
     for peer in ("grain", "tf"):
         if runs.get(peer):
             row[peer] = median_run(runs[peer])
@@ -464,20 +503,23 @@ def markdown(rows: list[dict]) -> str:
 
     lines = ["| pipeline | step ms | best fixed: workers, samples/s | auto samples/s | "
              "auto's workers per round | auto / best | auto / fixed at its count | "
-             "auto peak MB | CPU per sample / smallest calm setting | Grain | tf.data |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "auto peak MB | CPU per sample / smallest calm setting | "
+             "CPU per sample / fixed at auto's count | Grain | tf.data |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         best = row["grid"][row["best_workers"]]
         auto = row["auto"]
         cpu = row["cpu_vs_smallest_calm"]
         same = row["auto_vs_same_count"]
+        cpu_same = row["cpu_vs_same_count"]
         lines.append(
             f"| {row['pipeline']} | {row['step_ms']:.0f} | {row['best_workers']}, "
             f"{best['samples_per_s']:,.0f} | {auto['samples_per_s']:,.0f} | "
             f"{', '.join(str(w) for w in auto['workers_per_round'])} | "
             f"{100 * row['auto_share_of_best']:.0f} % | "
             f"{f'{100 * same:.0f} %' if same else '-'} | {auto['peak_memory'] >> 20} | "
-            f"{f'{cpu:.2f}x' if cpu else '-'} | {peer(row, 'grain')} | {peer(row, 'tf')} |")
+            f"{f'{cpu:.2f}x' if cpu else '-'} | {f'{cpu_same:.2f}x' if cpu_same else '-'} | "
+            f"{peer(row, 'grain')} | {peer(row, 'tf')} |")
     names = list(dict.fromkeys(row["pipeline"] for row in rows))
     passing = [n for n in names if all(passes(r) for r in rows if r["pipeline"] == n)]
     lines.append("")
@@ -495,8 +537,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds; each setting's figure is the median of its rounds")
-    parser.add_argument("--auto-seconds", type=float, default=10.0,
-                        help="seconds auto has to settle before it is measured")
+    parser.add_argument("--warm-seconds", type=float, default=10.0,
+                        help="seconds every run runs before it is measured (auto's time to settle)")
     parser.add_argument("--budget-mb", type=int, default=None)
     parser.add_argument("--peers", default="grain,tf", help="grain,tf or none")
     parser.add_argument("--json", default=None, help="also write the rows here")
@@ -509,7 +551,8 @@ def main() -> None:
     budget = (args.budget_mb << 20) if args.budget_mb else default_budget()
     print(f"autopilot bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
           f"budget {budget >> 20 if budget else '-'} MB; grid {args.grid}; "
-          f"{args.seconds} s per run, auto settles for {args.auto_seconds} s; {args.rounds} rounds",
+          f"{args.seconds} s per run, every run warms for {args.warm_seconds} s; "
+          f"{args.rounds} rounds",
           flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastload-autopilot-") as scratch:

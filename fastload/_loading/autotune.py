@@ -32,7 +32,7 @@ noisy: other processes share the CPUs):
   worker is added while the consumer does not wait, so a CPU-bound pipeline
   never takes a busy consumer's CPU.
 
-Settled, only the budget (checked every window) moves the count, until
+Settled, only the budget (checked every ``SETTLED_WINDOW``) moves the count, until
 ``RECHECK_SECONDS`` later the climb starts again, one worker at a time, from
 the current count: the machine's load, the page cache, the consumer's step
 change over a run.  ``SETTLE_SECONDS`` after the first window began (or a
@@ -74,6 +74,9 @@ __all__ = ["AutoOptions", "AutoWorkers", "HillClimb", "MAX_PREFETCH", "max_worke
 
 WINDOW = 0.3             # seconds of the consumer's time per judged window, at least
 WINDOW_BATCHES = 4       # and batches
+# Settled, a window only weighs the budget and the recheck's clock: a longer one
+# spares the main process a judgment's work (reading every worker's totals) per batch.
+SETTLED_WINDOW = 1.0
 WAIT_SHARE = 0.05        # the consumer waits: more workers may help
 IDLE_SHARE = 0.5         # the workers wait for slots this much: one fewer may do
 GAIN = 0.05              # a new worker must raise the rate this much to stay
@@ -118,6 +121,12 @@ class Window:
     wait: float        # of which steady waits in next() (workers' first batches apart)
     blocked: float     # the main process blocked on workers' answers
     resets: int        # the account's resets so far (report(reset=True) starts it again)
+
+    @classmethod
+    def at(cls, ledger: Any) -> Window:
+        """The account of ``ledger`` (a ``TimeLedger``) now."""
+        return cls(ledger.batches, ledger.spent, ledger.step, ledger.wait, ledger.blocked,
+                   ledger.resets)
 
 
 class HillClimb:
@@ -319,12 +328,6 @@ class AutoWorkers:
         live = len(self.iterator._pool.live_workers) - len(self.retiring)
         return max(live, 1) * self.climb.prefetch
 
-    def _mark(self) -> Window:
-        ledger = self.iterator._ledger
-        spent = ledger.wait + ledger.first_wait + ledger.step + ledger.startup
-        return Window(ledger.batches, spent, ledger.step, ledger.wait, ledger.blocked,
-                      ledger.resets)
-
     def memory(self) -> tuple[int | None, int | None]:
         """(workers' memory + the ring's bytes, what one more worker would add), or
         (None, None) before any worker said.  Each worker sends its own PSS with its
@@ -346,13 +349,16 @@ class AutoWorkers:
 
     def tick(self) -> None:
         """After a batch is handed out: judge the window once it is long enough."""
-        mark, window = self._mark(), self.climb.window
-        if window is None or mark.resets != window.resets:  # the first, or report(reset=True)
-            self.climb.begin_window(mark)
+        ledger, window = self.iterator._ledger, self.climb.window
+        if window is None or ledger.resets != window.resets:  # the first, or report(reset=True)
+            self.climb.begin_window(Window.at(ledger))
             return
-        batches, spent = mark.batches - window.batches, mark.spent - window.spent
-        if batches < WINDOW_BATCHES or spent < WINDOW:
+        # Cheaply, as it runs with every batch: the window is judged a few times a second.
+        batches = ledger.batches - window.batches
+        spent = ledger.spent - window.spent
+        if batches < WINDOW_BATCHES or spent < (SETTLED_WINDOW if self.climb.settled else WINDOW):
             return
+        mark = Window.at(ledger)
         idle, whole, busy, made = self._worker_totals()
         before = self._worker_marks
         idle_share = (idle - before[0]) / (whole - before[1]) if whole > before[1] else 0.0
@@ -381,13 +387,14 @@ class AutoWorkers:
                 self._retire_one()
         self.iterator._ring.in_flight = self.target
         self._choice.update(self.choice())
-        self.climb.begin_window(self._mark())
+        self.climb.begin_window(Window.at(self.iterator._ledger))
         self._worker_marks = self._worker_totals()
 
     def top_up(self) -> None:
         """Dispatch until the climb's share of the ring is in flight (or nothing is left)."""
         iterator = self.iterator
-        while len(iterator._tasks) + len(iterator._replies) < self.target:
+        target = self.target  # dispatching adds or retires no worker
+        while len(iterator._tasks) + len(iterator._replies) < target:
             sent = iterator._next_batch_no
             iterator._dispatch()
             if iterator._next_batch_no == sent:

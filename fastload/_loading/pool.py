@@ -155,6 +155,8 @@ class WorkerPool:
         # workers retired since: their exit is no error.
         self._later_args = (payload, base_seed, os.getpid())
         self.retired: set[int] = set()
+        self._live: tuple[int, ...] = ()
+        self._live_key = (0, 0)
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
         self._task_fds: list[int] = []
@@ -307,10 +309,15 @@ class WorkerPool:
         reaping.leave_to_exit([process])
 
     @property
-    def live_workers(self) -> list[int]:
-        """The ids of the workers not retired."""
-        return [worker_id for worker_id in range(len(self._task_conns))
-                if worker_id not in self.retired]
+    def live_workers(self) -> tuple[int, ...]:
+        """The ids of the workers not retired (kept until one is added or retired:
+        num_workers="auto" asks for them with every batch)."""
+        key = (len(self._task_conns), len(self.retired))  # workers are only ever added and retired
+        if key != self._live_key:
+            self._live = tuple(worker_id for worker_id in range(len(self._task_conns))
+                               if worker_id not in self.retired)
+            self._live_key = key
+        return self._live
 
     @property
     def pids(self) -> list[int]:

@@ -12,8 +12,8 @@ behind) and the time it spent sending its answers, and sends its totals with
 every answer (``wire/messages.py``), so nothing is added on the wire but a
 few floats.  Only ``time.perf_counter`` is read on the per-batch path (no
 system call: it is the vDSO's clock); the process's CPU time, a system call,
-is read at most every ``CPU_SAMPLE_INTERVAL`` seconds, and so (only for
-``num_workers="auto"``'s budget) its memory.
+is read at most every ``CPU_SAMPLE_INTERVAL`` seconds, and (only for
+``num_workers="auto"``'s budget) its memory every ``MEMORY_SAMPLE_INTERVAL``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import struct
 import time
 
 __all__ = ["STAGES", "FETCH", "DECODE", "TRANSFORM", "COLLATE", "IDLE", "SEND", "BATCHES",
-           "CPU", "CPU_BUSY", "MEMORY", "SAMPLE_SECONDS", "StageTotals", "CPU_SAMPLE_INTERVAL", "unpack", "pss_bytes", "resident_bytes"]
+           "CPU", "CPU_BUSY", "MEMORY", "SAMPLE_SECONDS", "StageTotals", "CPU_SAMPLE_INTERVAL",
+           "MEMORY_SAMPLE_INTERVAL", "unpack", "pss_bytes", "resident_bytes"]
 
 # A StageTotals' fields, in this order in the tuple a worker sends.  DECODE and
 # TRANSFORM are parts of FETCH (the dataset's own time, where it tells them).
@@ -35,13 +36,18 @@ FETCH, DECODE, TRANSFORM, COLLATE, IDLE, SEND = range(6)
 # (its PSS, kept current by its resident size: -1 unread).
 BATCHES, CPU, CPU_BUSY, MEMORY = 6, 7, 8, 9
 # A PSS reading walks the process's page tables (milliseconds), so it is taken
-# again only when the resident size moved this much since, or this long passed.
+# again only when the resident size moved this much since, or this long passed
+# (pages shared with the main process turn private slowly: copy-on-write).
 PSS_REREAD_BYTES = 16 << 20
-PSS_REREAD_SECONDS = 5.0
+PSS_REREAD_SECONDS = 15.0
 
 # How often a worker reads its CPU time (seconds): often enough for a share over
 # an epoch, rarely enough that the system call costs nothing per batch.
 CPU_SAMPLE_INTERVAL = 0.1
+# And its memory (num_workers="auto"): about once per window of the climb, which
+# is when the main process weighs it; a worker that mostly waits for a slow
+# consumer would otherwise spend a noticeable share of its CPU reading /proc.
+MEMORY_SAMPLE_INTERVAL = 0.25
 
 
 class _SampleSeconds:
@@ -61,7 +67,7 @@ class StageTotals:
     """One process's cumulative seconds per stage, batches made, and CPU seconds."""
 
     __slots__ = ("seconds", "watch_memory", "_cpu_read_at", "_cpu_base", "_busy_base",
-                 "_pss", "_pss_at")
+                 "_memory_read_at", "_pss", "_pss_at")
 
     def __init__(self) -> None:
         # STAGES' seconds, then BATCHES, CPU, CPU_BUSY and MEMORY; a list, added to in place.
@@ -70,6 +76,7 @@ class StageTotals:
         self._cpu_read_at = 0.0
         self._cpu_base: float | None = None
         self._busy_base = 0.0
+        self._memory_read_at: float | None = None
         self._pss: tuple[int, int] | None = None  # (PSS, resident size) at the last PSS reading
         self._pss_at = 0.0
 
@@ -93,7 +100,9 @@ class StageTotals:
         self._cpu_read_at = now
         cpu = time.process_time()
         seconds = self.seconds
-        if self.watch_memory:
+        if self.watch_memory and (self._memory_read_at is None
+                                  or now - self._memory_read_at >= MEMORY_SAMPLE_INTERVAL):
+            self._memory_read_at = now
             self._sample_memory(now)
         busy = seconds[FETCH] + seconds[COLLATE] + seconds[SEND]
         if self._cpu_base is None:
@@ -105,14 +114,13 @@ class StageTotals:
     def _sample_memory(self, now: float) -> None:
         """The process's PSS: read again when its resident size moved (or after a
         while), else moved by the resident size's change since the last reading."""
-        pid = os.getpid()
-        resident = resident_bytes(pid)
+        resident = _OWN_STATM.resident()
         if resident is None:
             return
         last = self._pss
         if last is None or abs(resident - last[1]) >= PSS_REREAD_BYTES \
                 or now - self._pss_at >= PSS_REREAD_SECONDS:
-            pss = pss_bytes(pid)
+            pss = pss_bytes(os.getpid())
             if pss is None:
                 pss = resident  # no smaps_rollup: the resident size, shared pages in full
             self._pss, self._pss_at = (pss, resident), now
@@ -151,6 +159,34 @@ def resident_bytes(pid: int) -> int | None:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class _OwnStatm:
+    """This process's resident size, read through a descriptor kept open: one
+    ``pread`` instead of an open, a read and a close each time (a worker that
+    waits on a slow consumer runs each of them cold).  Opened in the process
+    that reads it: a forked child opens its own."""
+
+    __slots__ = ("_fd", "_pid")
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._pid = 0
+
+    def resident(self) -> int | None:
+        pid = os.getpid()
+        try:
+            if self._pid != pid:
+                if self._fd is not None:
+                    os.close(self._fd)  # the parent's, inherited across a fork
+                    self._fd = None
+                self._fd, self._pid = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC), pid
+            return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+_OWN_STATM = _OwnStatm()
 
 
 def unpack(packed: bytes) -> tuple:

@@ -78,6 +78,11 @@ class TimeLedger:
         for times in self.iterators:  # live: what they made so far is reported already
             times.take_baseline()
 
+    @property
+    def spent(self) -> float:
+        """All the consumer's seconds: its steps, its waits, and epochs' starts and ends."""
+        return self.wait + self.first_wait + self.step + self.startup
+
     def new_iterator(self, num_workers: int) -> IteratorTimes:
         for times in self.iterators:
             if times.done:

@@ -385,7 +385,7 @@ class _MultiProcessIter(_BaseIter):
             payload.reraise()
         if batch_no in self._tasks:
             self._load[worker] -= 1
-            if self._auto is not None:
+            if self._auto is not None and self._auto.retiring:
                 self._auto.answered(worker)
         return worker, reply
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._loading.autotune import AutoOptions, HillClimb
+from fastload._loading.autotune import SETTLED_WINDOW, WINDOW, AutoOptions, HillClimb
 from fastload._loading.memory_budget import worker_memory
 
 pytestmark = [pytest.mark.timeout(120),
@@ -145,6 +145,28 @@ def test_a_reset_report_starts_the_climbs_window_again():
     while loader._auto_choice["num_workers"] < 2 and time.monotonic() < deadline:
         next(iterator)
     assert loader._auto_choice["num_workers"] >= 2
+
+
+def test_a_settled_climb_judges_longer_windows():
+    # A consumer-bound loop: the climb has nothing to do but watch.
+    loader = fl.DataLoader(Sleepy(4000, 0), batch_size=2, num_workers="auto", generator=0)
+    iterator = iter(loader)  # the climb is made here; its first window begins at the first batch
+    climb = loader._auto_climb
+    judged_windows = []  # the consumer's seconds in each window judged, and whether settled
+    judge = climb.judge
+
+    def recording_judge(*args, **kwargs):
+        judged_windows.append((loader._ledger.spent - climb.window.spent, climb.settled))
+        return judge(*args, **kwargs)
+
+    climb.judge = recording_judge
+    run(iterator, step=0.01, seconds=1.5)
+    climb.settled, climb._settled_at = True, time.monotonic()
+    run(iterator, step=0.01, seconds=3.5)
+    unsettled = [spent for spent, settled in judged_windows if not settled]
+    settled = [spent for spent, settled in judged_windows if settled]
+    assert unsettled and min(unsettled) >= WINDOW and min(unsettled) < SETTLED_WINDOW
+    assert settled and all(spent >= SETTLED_WINDOW for spent in settled)
 
 
 def test_a_worker_that_dies_is_still_an_error():

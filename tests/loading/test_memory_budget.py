@@ -1,5 +1,6 @@
 """What auto's memory budget counts: a process's PSS, and the memory available."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from fastload._loading import memory_budget
-from fastload._loading.stage_clock import MEMORY, StageTotals
+from fastload._loading import stage_clock
+from fastload._loading.stage_clock import MEMORY, MEMORY_SAMPLE_INTERVAL, StageTotals
 from fastload._loading.memory_budget import DEFAULT_SHARE, available_memory, default_budget, \
     worker_memory
 
@@ -54,6 +56,45 @@ def test_a_worker_keeps_its_pss_current_by_its_resident_size():
     quiet = StageTotals()
     quiet.sample_cpu(1.0)
     assert quiet.seconds[MEMORY] == -1  # only num_workers="auto" weighs memory
+
+
+def test_a_worker_reads_its_memory_at_most_every_memory_interval():
+    totals = StageTotals()
+    totals.watch_memory = True
+    totals.sample_cpu(1.0)
+    first = totals.seconds[MEMORY]
+    ballast = np.ones(64 << 20, dtype=np.uint8)
+    # Its CPU time is due again, its memory not yet: the figure stands.
+    totals.sample_cpu(1.0 + MEMORY_SAMPLE_INTERVAL / 2)
+    assert totals.seconds[MEMORY] == first
+    totals.sample_cpu(1.0 + MEMORY_SAMPLE_INTERVAL)
+    assert totals.seconds[MEMORY] - first >= 60 << 20
+    del ballast
+
+
+def _child_reads_its_own_resident_size(answers):
+    ballast = np.ones(256 << 20, dtype=np.uint8)  # the child's alone: the parent has no such pages
+    with open("/proc/self/statm") as f:
+        expected = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    answers.send((stage_clock._OWN_STATM.resident(), expected))
+    del ballast
+
+
+def test_a_forked_child_reads_its_own_resident_size_not_its_parents():
+    # The parent has its descriptor open; the child must not read through it.
+    assert stage_clock._OWN_STATM.resident() is not None
+    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(
+        target=_child_reads_its_own_resident_size, args=(sender,))
+    child.start()
+    try:
+        assert receiver.poll(60)
+        read, expected = receiver.recv()
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+    assert read == pytest.approx(expected, rel=0.05)
+    assert stage_clock._OWN_STATM.resident() < read - (128 << 20)  # the parent's is still its own
 
 
 def test_the_default_budget_is_the_stated_share_of_the_available_memory(monkeypatch):
