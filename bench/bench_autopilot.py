@@ -235,7 +235,7 @@ class Watch:
 
     def _read(self, first: bool) -> None:
         for process in [self._me, *self._me.children(recursive=True)]:
-            cpu = _process_cpu(process.pid)
+            cpu = process_cpu(process.pid)
             if cpu is None:
                 continue
             # A child born within the run counts from its birth (zero).
@@ -267,7 +267,7 @@ class Watch:
         return total - self._own_cpu
 
 
-def _process_cpu(pid: int) -> float | None:
+def process_cpu(pid: int) -> float | None:
     """A process's CPU seconds, all its threads' (ended ones too), in nanoseconds'
     resolution: its CPU-time clock (Linux's clock id for another process, as
     glibc's ``clock_getcpuclockid`` makes it).  None if it is gone."""
