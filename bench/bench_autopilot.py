@@ -22,7 +22,8 @@ after each batch, standing in for a training step):
 
 Every run, fixed, auto or a peer, runs for ``--warm-seconds`` and is then
 measured for ``--seconds``, so all are measured at the same point of a run
-(an epoch's end falls in every setting's figure alike, or in none).  Every
+(at a slow step, where every setting runs at the consumer's pace, an epoch's
+end falls in all their figures or in none).  Every
 setting runs once per round (``--rounds``, 3), in an order rotated each
 round, and its figure is the median of its rounds: the best fixed setting is
 then not the luck of one run.

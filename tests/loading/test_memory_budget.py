@@ -80,6 +80,7 @@ def _child_reads_its_own_resident_size(answers):
     del ballast
 
 
+@pytest.mark.timeout(120)
 def test_a_forked_child_reads_its_own_resident_size_not_its_parents():
     # The parent has its descriptor open; the child must not read through it.
     assert stage_clock._OWN_STATM.resident() is not None
@@ -92,6 +93,9 @@ def test_a_forked_child_reads_its_own_resident_size_not_its_parents():
         read, expected = receiver.recv()
     finally:
         child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join(30)
     assert child.exitcode == 0
     assert read == pytest.approx(expected, rel=0.05)
     assert stage_clock._OWN_STATM.resident() < read - (128 << 20)  # the parent's is still its own
