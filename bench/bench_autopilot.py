@@ -51,6 +51,7 @@ import itertools
 import json
 import os
 import random
+import resource
 import statistics
 import struct
 import subprocess
@@ -280,8 +281,6 @@ def process_cpu(pid: int) -> float | None:
 
 
 def _reaped_children_cpu() -> float:
-    import resource
-
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 

@@ -153,9 +153,14 @@ def resident_bytes(pid: int) -> int | None:
     """A process's resident size from ``/proc/<pid>/statm`` (None: gone, or no such file)."""
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+            return _resident_of(f.read())
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _resident_of(statm: bytes) -> int:
+    """The resident size in bytes of a ``statm`` line (its second field, in pages)."""
+    return int(statm.split()[1]) * _PAGE
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -181,7 +186,7 @@ class _OwnStatm:
                     os.close(self._fd)  # the parent's, inherited across a fork
                     self._fd = None
                 self._fd, self._pid = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC), pid
-            return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE
+            return _resident_of(os.pread(self._fd, 128, 0))
         except (OSError, ValueError, IndexError):
             return None
 
