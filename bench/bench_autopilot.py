@@ -37,11 +37,13 @@ the peers the share of time spent in ``next()``), CPU-seconds per sample
 The checks the issue asks for are printed per cell: auto's rate as a share of
 the best grid rate (>= 95 %), peak memory under the budget, and where the
 consumer is the bottleneck (some grid setting waits < 2 %), auto's CPU per
-sample against the smallest such setting's (within 10 %), and, like for like,
-against the fixed setting of the count auto chose (which tells auto's own cost
-from its choice).
+sample against the smallest such setting's (within 10 %) and against the
+smallest such setting with workers (0 workers loads in the consumer's own
+step, which auto never does), and, like for like, against the fixed setting
+of the count auto chose (which tells auto's own cost from its choice).
 
-    python bench/bench_autopilot.py                          # all: about 100 minutes
+    python bench/bench_autopilot.py                          # all: over two hours
+    python bench/bench_autopilot.py --peers none             # without the peers: 90 minutes
     python bench/bench_autopilot.py --pipelines io,heavy-collate --steps 0,50 \\
         --seconds 1 --warm-seconds 4 --peers none            # a quick check
 """
