@@ -436,6 +436,10 @@ def median_run(runs: list[dict]) -> dict:
     return middle
 
 
+# A row's key: auto's CPU per sample against the smallest calm setting with workers.
+WITH_WORKERS = "cpu_vs_smallest_calm_with_workers"
+
+
 def cell(name: str, spec: dict, step: float, args: argparse.Namespace, budget: int | None
          ) -> dict:
     """Every setting (the grid, auto, the peers) once per round, in an order rotated
@@ -454,26 +458,26 @@ def cell(name: str, spec: dict, step: float, args: argparse.Namespace, budget: i
     grid = {workers: median_run(runs[workers]) for workers in args.grid}
     auto = median_run(runs["auto"])
     best = max(grid.values(), key=lambda r: r["samples_per_s"])
-    calm = [grid[w] for w in sorted(grid) if grid[w]["wait_share"] < 0.02]
+    calm = [w for w in sorted(grid) if grid[w]["wait_share"] < 0.02]
     # 0 workers loads in the consumer's own step; auto never does (a busy consumer's
     # core is not the loader's to take), so it is also weighed against settings with workers.
-    calm_workers = [grid[w] for w in sorted(grid) if w > 0 and grid[w]["wait_share"] < 0.02]
+    calm_workers = [w for w in calm if w > 0]
+
+    def cpu_against(workers: int) -> float:
+        return auto["cpu_per_sample_us"] / grid[workers]["cpu_per_sample_us"]
+
+    # Like for like: auto against the fixed setting of the count it ended on (in
+    # the grid), which tells the climb's choice from the machine's noise.
+    chosen = auto["workers"]
     row = {"pipeline": name, "step_ms": 1000 * step, "grid": grid, "auto": auto,
            "best_workers": max(grid, key=lambda w: grid[w]["samples_per_s"]),
            "auto_share_of_best": auto["samples_per_s"] / best["samples_per_s"],
            "under_budget": budget is None or auto["peak_memory"] <= budget,
-           "cpu_vs_smallest_calm": (auto["cpu_per_sample_us"] / calm[0]["cpu_per_sample_us"]
-                                    if calm else None),
-           "cpu_vs_smallest_calm_with_workers": (
-               auto["cpu_per_sample_us"] / calm_workers[0]["cpu_per_sample_us"]
-               if calm_workers else None)}
-    # Like for like: auto against the fixed setting of the count it ended on (in
-    # the grid), which tells the climb's choice from the machine's noise.
-    chosen = auto["workers"]
-    row["auto_vs_same_count"] = (auto["samples_per_s"] / grid[chosen]["samples_per_s"]
-                                 if chosen in grid else None)
-    row["cpu_vs_same_count"] = (auto["cpu_per_sample_us"] / grid[chosen]["cpu_per_sample_us"]
-                                if chosen in grid and calm else None)
+           "cpu_vs_smallest_calm": cpu_against(calm[0]) if calm else None,
+           WITH_WORKERS: cpu_against(calm_workers[0]) if calm_workers else None,
+           "auto_vs_same_count": (auto["samples_per_s"] / grid[chosen]["samples_per_s"]
+                                  if chosen in grid else None),
+           "cpu_vs_same_count": cpu_against(chosen) if chosen in grid and calm else None}
     for peer in ("grain", "tf"):
         if runs.get(peer):
             row[peer] = median_run(runs[peer])
@@ -494,8 +498,7 @@ def show(row: dict) -> str:
                  f"({row['best_workers']} workers); peak {auto['peak_memory'] >> 20} MB"
                  f"{' under' if row['under_budget'] else ' OVER'} budget"
                  + (f"; cpu/sample {cpu:.2f}x the smallest calm setting's" if cpu else "")
-                 + (f" ({row['cpu_vs_smallest_calm_with_workers']:.2f}x with workers)"
-                    if row["cpu_vs_smallest_calm_with_workers"] else ""))
+                 + (f" ({row[WITH_WORKERS]:.2f}x with workers)" if row[WITH_WORKERS] else ""))
     for peer in ("grain", "tf"):
         if peer in row:
             lines.append(f"    {peer:<10} {rate(row[peer])}")
@@ -510,9 +513,6 @@ def passes(row: dict, cpu_key: str = "cpu_vs_smallest_calm") -> bool:
     cpu = row[cpu_key]
     return row["auto_share_of_best"] >= 0.95 and row["under_budget"] \
         and (cpu is None or cpu <= 1.10)
-
-
-WITH_WORKERS = "cpu_vs_smallest_calm_with_workers"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -532,7 +532,7 @@ def markdown(rows: list[dict]) -> str:
         cpu = row["cpu_vs_smallest_calm"]
         same = row["auto_vs_same_count"]
         cpu_same = row["cpu_vs_same_count"]
-        cpu_workers = row["cpu_vs_smallest_calm_with_workers"]
+        cpu_workers = row[WITH_WORKERS]
         lines.append(
             f"| {row['pipeline']} | {row['step_ms']:.0f} | {row['best_workers']}, "
             f"{best['samples_per_s']:,.0f} | {auto['samples_per_s']:,.0f} | "
