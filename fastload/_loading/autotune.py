@@ -65,7 +65,7 @@ from fastload._loading.memory_budget import default_budget
 from fastload._loading.reaping import shown_workers
 from fastload._loading.report import CPU_BOUND_SHARE
 from fastload._loading.stage_clock import BATCHES, COLLATE, CPU, CPU_BUSY, FETCH, IDLE, MEMORY, \
-    SEND, unpack
+    RESIDENT, SEND, unpack
 from fastload._loading.wire.layouts import LayoutReceiver
 from fastload._loading.wire.messages import epoch_task
 
@@ -151,6 +151,9 @@ class HillClimb:
         self._skip = True                                   # the window after a change
         self._max_step = options.max_workers                # 1 once a larger step failed
         self._cpu_bound = False
+        # A worker's last memory reading (PSS, resident size, live workers then): a
+        # worker started later counts itself from it (``AutoWorkers.memory_hint``).
+        self.worker_memory: tuple[float, float, int] | None = None
         # The window being measured: the loader's account when it began.  It runs
         # across epochs, which may be shorter than a window; their starts and ends
         # are in its rate, since a worker count pays them every epoch.
@@ -334,18 +337,29 @@ class AutoWorkers:
         answers (``stage_clock``); one that has not yet is counted as the largest."""
         iterator = self.iterator
         times = iterator._times.workers
-        sizes = []
-        for worker in iterator._pool.live_workers:
+        live = iterator._pool.live_workers
+        sizes, readings = [], []
+        for worker in live:
             packed = times[worker] if worker < len(times) else None
-            sizes.append(unpack(packed)[MEMORY] if packed is not None else -1.0)
-        known = [size for size in sizes if size >= 0]
-        if not known:
+            totals = unpack(packed) if packed is not None else None
+            sizes.append(totals[MEMORY] if totals is not None else -1.0)
+            if totals is not None and totals[MEMORY] >= 0:
+                readings.append((totals[MEMORY], totals[RESIDENT]))
+        if not readings:
             return None, None
-        largest = max(known)
-        total = int(sum(size if size >= 0 else largest for size in sizes)) \
+        largest = max(readings)  # (memory, resident size)
+        self.climb.worker_memory = (*largest, len(live))
+        total = int(sum(size if size >= 0 else largest[0] for size in sizes)) \
             + iterator._ring.mapped_bytes()
         self.peak_memory = max(self.peak_memory, total)
-        return total, int(largest) + iterator._ring.slot_bytes() * self.climb.prefetch
+        return total, int(largest[0]) + iterator._ring.slot_bytes() * self.climb.prefetch
+
+    def memory_hint(self, workers: int) -> tuple[float, float] | None:
+        """What a worker started now, one of ``workers``, counts its memory from:
+        the largest a worker of this loader last reported, unless fewer workers
+        share the pages now (each one's share of them is larger then)."""
+        known = self.climb.worker_memory
+        return known[:2] if known is not None and known[2] <= workers else None
 
     def tick(self) -> None:
         """After a batch is handed out: judge the window once it is long enough."""
@@ -421,7 +435,8 @@ class AutoWorkers:
         iterator._load.append(0)
         iterator._active.append(True)
         iterator._times.workers.append(None)
-        pool.send(worker, epoch_task(iterator._base_seed, iterator._snapshot_every, True))
+        pool.send(worker, epoch_task(iterator._base_seed, iterator._snapshot_every, True,
+                                     self.memory_hint(len(pool.live_workers))))
         shown_workers(iterator._workers_key).append(pool.processes[worker])
 
     def _cpu_bound(self) -> bool:

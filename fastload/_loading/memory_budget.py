@@ -4,9 +4,13 @@ A worker is counted at its PSS (proportional set size: its private pages
 plus its share of each page it shares, with the main process and the other
 workers, as forked copy-on-write pages are), read from
 ``/proc/<pid>/smaps_rollup``; PSS summed over processes counts a shared page
-once.  Reading it walks the process's page tables (milliseconds), so each
-worker reads its own, when its resident size moved, and sends it with its
-stage totals (``stage_clock.StageTotals``): the main process reads none.  Where that file is missing (Linux before 4.14, other systems) a
+once.  Reading it walks the process's page tables (milliseconds per GB), so
+each worker reads its own, when its resident size moved, and sends it with
+its stage totals (``stage_clock.StageTotals``): the main process reads none.
+A worker started later (the next epoch's, or one added) starts from the
+figure of one started before it, moved by their resident sizes' difference,
+unless fewer workers share the pages now than then.  Where that file is
+missing (Linux before 4.14, other systems) a
 worker is counted at its resident size, which counts shared pages in full: a
 budget then errs on the safe side.  The ring's slots are memory files,
 counted once at their size (``Ring.mapped_bytes``).

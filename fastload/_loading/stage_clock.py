@@ -23,7 +23,7 @@ import struct
 import time
 
 __all__ = ["STAGES", "FETCH", "DECODE", "TRANSFORM", "COLLATE", "IDLE", "SEND", "BATCHES",
-           "CPU", "CPU_BUSY", "MEMORY", "SAMPLE_SECONDS", "StageTotals", "CPU_SAMPLE_INTERVAL",
+           "CPU", "CPU_BUSY", "MEMORY", "RESIDENT", "SAMPLE_SECONDS", "StageTotals", "CPU_SAMPLE_INTERVAL",
            "MEMORY_SAMPLE_INTERVAL", "unpack", "pss_bytes", "resident_bytes"]
 
 # A StageTotals' fields, in this order in the tuple a worker sends.  DECODE and
@@ -33,8 +33,8 @@ FETCH, DECODE, TRANSFORM, COLLATE, IDLE, SEND = range(6)
 # Then the batches made; the process's CPU seconds between its first and its last
 # reading (-1: fewer than two), and the busy seconds (fetch, collate, send) between
 # them; with ``watch_memory`` (num_workers="auto"), the process's memory in bytes
-# (its PSS, kept current by its resident size: -1 unread).
-BATCHES, CPU, CPU_BUSY, MEMORY = 6, 7, 8, 9
+# (its PSS, kept current by its resident size: -1 unread) and that resident size.
+BATCHES, CPU, CPU_BUSY, MEMORY, RESIDENT = 6, 7, 8, 9, 10
 # A PSS reading walks the process's page tables (milliseconds), so it is taken
 # again only when the resident size moved this much since, or this long passed
 # (pages shared with the main process turn private slowly: copy-on-write).
@@ -66,13 +66,17 @@ SAMPLE_SECONDS = _SampleSeconds()
 class StageTotals:
     """One process's cumulative seconds per stage, batches made, and CPU seconds."""
 
-    __slots__ = ("seconds", "watch_memory", "_cpu_read_at", "_cpu_base", "_busy_base",
-                 "_memory_read_at", "_pss", "_pss_at")
+    __slots__ = ("seconds", "watch_memory", "memory_hint", "_cpu_read_at", "_cpu_base",
+                 "_busy_base", "_memory_read_at", "_pss", "_pss_at")
 
     def __init__(self) -> None:
-        # STAGES' seconds, then BATCHES, CPU, CPU_BUSY and MEMORY; a list, added to in place.
-        self.seconds = [0.0] * len(STAGES) + [0, -1.0, 0.0, -1.0]
+        # STAGES' seconds, then BATCHES, CPU, CPU_BUSY, MEMORY and RESIDENT; a list,
+        # added to in place.
+        self.seconds = [0.0] * len(STAGES) + [0, -1.0, 0.0, -1.0, -1.0]
         self.watch_memory = False
+        # (PSS, resident size) of a sibling forked from the same process, or None: a
+        # new worker counts itself from it instead of reading its own PSS at once.
+        self.memory_hint: tuple[float, float] | None = None
         self._cpu_read_at = 0.0
         self._cpu_base: float | None = None
         self._busy_base = 0.0
@@ -113,11 +117,20 @@ class StageTotals:
 
     def _sample_memory(self, now: float) -> None:
         """The process's PSS: read again when its resident size moved (or after a
-        while), else moved by the resident size's change since the last reading."""
+        while), else moved by the resident size's change since the last reading.
+
+        The reading walks page tables as large as the process that forked the
+        worker, so a worker given ``memory_hint`` starts from its sibling's figure
+        instead: the first reading would otherwise delay every new worker's first
+        batch, each epoch, by a time that grows with the caller's memory."""
         resident = _OWN_STATM.resident()
         if resident is None:
             return
-        last = self._pss
+        last, hint = self._pss, self.memory_hint
+        if last is None and hint is not None:
+            self._pss = (min(max(hint[0] + resident - hint[1], 0.0), resident), resident)
+            self._pss_at = now
+            last = self._pss
         if last is None or abs(resident - last[1]) >= PSS_REREAD_BYTES \
                 or now - self._pss_at >= PSS_REREAD_SECONDS:
             pss = pss_bytes(os.getpid())
@@ -127,6 +140,7 @@ class StageTotals:
             self.seconds[MEMORY] = float(pss)
         else:
             self.seconds[MEMORY] = float(last[0] + resident - last[1])
+        self.seconds[RESIDENT] = float(resident)
 
     def packed(self) -> bytes:
         """The totals as an answer carries them: packed doubles (one object to
@@ -134,7 +148,7 @@ class StageTotals:
         return _PACKED.pack(*self.seconds)
 
 
-_PACKED = struct.Struct(f"{len(STAGES) + 4}d")
+_PACKED = struct.Struct(f"{len(STAGES) + 5}d")
 
 
 def pss_bytes(pid: int) -> int | None:

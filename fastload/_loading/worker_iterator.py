@@ -151,7 +151,8 @@ class _MultiProcessIter(_BaseIter):
 
     def _start_dispatch(self, base_seed: int) -> None:
         self._base_seed = base_seed
-        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every, self._seed_per_batch))
+        hint = self._auto.memory_hint(self._num_workers) if self._auto is not None else None
+        self._pool.broadcast(epoch_task(base_seed, self._snapshot_every, self._seed_per_batch, hint))
         self._tasks.clear()
         self._replies: dict[int, tuple] = {}             # batch_no -> (worker, reply), not yet handed out
         self._load = [0] * self._num_workers

@@ -296,6 +296,7 @@ class _Worker:
             self.snapshot_every, self.made, self.seed_per_batch = message[2], 0, message[3]
             # num_workers="auto" weighs its workers' memory against its budget.
             self.source.totals.watch_memory = message[3]
+            self.source.totals.memory_hint = message[4]
         elif kind == RETIRE:
             self.writer.forget(message[1], message[2])
         elif kind == RESEND_LAYOUTS[KIND]:

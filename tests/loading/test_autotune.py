@@ -3,6 +3,7 @@ keeps under its memory budget, and keeps order and determinism while it adds and
 retires workers mid-epoch (against a fixed count seeded per batch, as auto is)."""
 
 import gc
+import multiprocessing
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from fastload._loading import stage_clock
 from fastload._loading.autotune import SETTLED_WINDOW, WINDOW, AutoOptions, HillClimb
 from fastload._loading.memory_budget import worker_memory
 
@@ -224,6 +226,61 @@ def test_workers_that_grow_200_mb_each_stay_under_the_budget():
     # test); with it, at most 2 (1 when the load made the second look useless).
     assert 1 <= loader._auto_choice["num_workers"] <= 2
     assert grow < peak[0] <= budget
+
+
+def _pss_reads_in_forked_workers(monkeypatch):
+    """A counter of the PSS readings that forked workers (and this process) take."""
+    reads = multiprocessing.get_context("fork").Value("i", 0)
+    real = stage_clock.pss_bytes
+
+    def counted(pid):
+        with reads.get_lock():
+            reads.value += 1
+        return real(pid)
+
+    monkeypatch.setattr(stage_clock, "pss_bytes", counted)
+    return reads
+
+
+def _counted_and_true_memory(iterator):
+    """(what the climb counts its workers and ring at, their PSS read here)."""
+    pool = iterator._pool
+    pids = [pool.processes[w].pid for w in pool.live_workers]
+    assert len(pids) == 1  # (more would share the pages that one worker's reading split in two)
+    return (iterator._auto.memory()[0],
+            sum(worker_memory(pid) for pid in pids) + iterator._ring.mapped_bytes())
+
+
+def test_a_later_epochs_workers_count_their_memory_from_the_last_ones(monkeypatch):
+    reads = _pss_reads_in_forked_workers(monkeypatch)
+    ballast = np.ones(256 << 20, dtype=np.uint8)  # the caller's memory, which workers share
+    loader = fl.DataLoader(Sleepy(120, 0), batch_size=2, num_workers="auto", generator=3,
+                           multiprocessing_context="fork")
+    run(loader, step=0.02)  # a consumer-bound loop: one worker throughout
+    assert reads.value >= 1
+    for _ in range(2):
+        reads.value = 0
+        iterator = iter(loader)
+        for _ in range(20):
+            next(iterator)
+            time.sleep(0.02)
+        counted, true = _counted_and_true_memory(iterator)
+        assert reads.value == 0  # no worker walked its page tables
+        assert counted == pytest.approx(true, rel=0.1)
+        for _ in iterator:
+            pass
+    # A reading taken while more workers shared the pages (each held a smaller
+    # share of them) is no figure for fewer: the new worker reads its own.
+    loader._auto_climb.worker_memory = (1 << 20, 1 << 20, 2)
+    reads.value = 0
+    iterator = iter(loader)
+    for _ in range(20):
+        next(iterator)
+        time.sleep(0.02)
+    counted, true = _counted_and_true_memory(iterator)
+    assert reads.value >= 1
+    assert counted == pytest.approx(true, rel=0.1)
+    del iterator, ballast
 
 
 def test_state_dict_records_the_choice_and_a_resumed_run_starts_there():

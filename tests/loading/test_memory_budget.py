@@ -10,7 +10,8 @@ import pytest
 
 from fastload._loading import memory_budget
 from fastload._loading import stage_clock
-from fastload._loading.stage_clock import MEMORY, MEMORY_SAMPLE_INTERVAL, StageTotals
+from fastload._loading.stage_clock import MEMORY, MEMORY_SAMPLE_INTERVAL, PSS_REREAD_SECONDS, \
+    RESIDENT, StageTotals
 from fastload._loading.memory_budget import DEFAULT_SHARE, available_memory, default_budget, \
     worker_memory
 
@@ -70,6 +71,49 @@ def test_a_worker_reads_its_memory_at_most_every_memory_interval():
     totals.sample_cpu(1.0 + MEMORY_SAMPLE_INTERVAL)
     assert totals.seconds[MEMORY] - first >= 60 << 20
     del ballast
+
+
+def _counting_pss_reads(monkeypatch):
+    """The pids whose PSS this process reads from now on."""
+    calls, real = [], stage_clock.pss_bytes
+    monkeypatch.setattr(stage_clock, "pss_bytes", lambda pid: calls.append(pid) or real(pid))
+    return calls
+
+
+def test_a_worker_given_a_siblings_reading_counts_itself_from_it_until_it_moves(monkeypatch):
+    reads = _counting_pss_reads(monkeypatch)
+    resident = stage_clock._OWN_STATM.resident()
+    totals = StageTotals()
+    totals.watch_memory = True
+    totals.memory_hint = (50 << 20, resident + (8 << 20))  # the sibling held 8 MB more
+    totals.sample_cpu(1.0)
+    assert reads == []
+    assert totals.seconds[MEMORY] == pytest.approx(42 << 20, abs=1 << 20)
+    assert totals.seconds[RESIDENT] == pytest.approx(resident, abs=1 << 20)
+    ballast = np.ones(64 << 20, dtype=np.uint8)  # past PSS_REREAD_BYTES: its own reading
+    totals.sample_cpu(2.0)
+    assert reads == [os.getpid()]
+    assert totals.seconds[MEMORY] == pytest.approx(_pss_from_smaps(os.getpid()), rel=0.05)
+    # A hint is for a worker that has no reading yet (a persistent one is told
+    # every epoch's): its own stands.
+    totals.memory_hint = (1 << 20, 1 << 20)
+    totals.sample_cpu(3.0)
+    assert totals.seconds[MEMORY] == pytest.approx(_pss_from_smaps(os.getpid()), rel=0.05)
+    del ballast
+
+
+def test_a_hinted_worker_reads_its_own_pss_once_the_reread_interval_passes(monkeypatch):
+    reads = _counting_pss_reads(monkeypatch)
+    resident = stage_clock._OWN_STATM.resident()
+    totals = StageTotals()
+    totals.watch_memory = True
+    totals.memory_hint = (resident * 10, resident)  # counted at most at its resident size
+    totals.sample_cpu(1.0)
+    assert reads == []
+    assert totals.seconds[MEMORY] == pytest.approx(resident, abs=1 << 20)
+    totals.sample_cpu(1.0 + PSS_REREAD_SECONDS)
+    assert reads == [os.getpid()]
+    assert totals.seconds[MEMORY] == pytest.approx(_pss_from_smaps(os.getpid()), rel=0.05)
 
 
 def _child_reads_its_own_resident_size(answers):

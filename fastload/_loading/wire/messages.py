@@ -9,12 +9,14 @@ than a tuple subclass, on the per-batch path of both processes.
 
 Tasks, main process -> worker (field 0 is the kind):
 
-* ``epoch_task(base_seed, snapshot_every, seed_per_batch)``: a new epoch
-  starts (new transform seeds, an IterableDataset starts over); a dataset
-  copy with state is snapshotted with every ``snapshot_every``-th batch (0:
-  never) and with its stream's end; with ``seed_per_batch``
+* ``epoch_task(base_seed, snapshot_every, seed_per_batch, memory_hint)``: a
+  new epoch starts (new transform seeds, an IterableDataset starts over); a
+  dataset copy with state is snapshotted with every ``snapshot_every``-th
+  batch (0: never) and with its stream's end; with ``seed_per_batch``
   (``num_workers="auto"``) every generator is seeded for each batch from
-  ``(base_seed, batch number)``;
+  ``(base_seed, batch number)``, and the worker weighs its memory, counting
+  itself from ``memory_hint`` (a sibling's PSS and resident size, or None)
+  until it reads its own PSS (``stage_clock``);
 * ``batch_task(batch_no, slot, kernel_batch, indices)``: make batch
   ``batch_no`` in ``slot`` (a ``SlotInfo`` as a tuple).  ``kernel_batch``:
   ``indices`` is the bytes of our BatchSampler kernel's int64 array (the
@@ -85,8 +87,9 @@ STOP = None
 STOP_BYTES = pickle.dumps(STOP)  # as the main process sends it, and a worker looks for it
 
 
-def epoch_task(base_seed: int, snapshot_every: int, seed_per_batch: bool = False) -> tuple:
-    return (EPOCH, base_seed, snapshot_every, seed_per_batch)
+def epoch_task(base_seed: int, snapshot_every: int, seed_per_batch: bool = False,
+               memory_hint: tuple[float, float] | None = None) -> tuple:
+    return (EPOCH, base_seed, snapshot_every, seed_per_batch, memory_hint)
 
 
 def batch_task(batch_no: int, slot: tuple, kernel_batch: bool, indices: Any) -> tuple:
