@@ -46,6 +46,10 @@ of the count auto chose (which tells auto's own cost from its choice).
     python bench/bench_autopilot.py --peers none             # without the peers: 90 minutes
     python bench/bench_autopilot.py --pipelines io,heavy-collate --steps 0,50 \\
         --seconds 1 --warm-seconds 4 --peers none            # a quick check
+
+With ``--torch-loaded`` torch is imported first, as it is in a torch user's
+script (and so in forked workers): auto then seeds torch's generators for
+every batch too.
 """
 
 from __future__ import annotations
@@ -568,10 +572,15 @@ def main() -> None:
     parser.add_argument("--budget-mb", type=int, default=None)
     parser.add_argument("--peers", default="grain,tf", help="grain,tf or none")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--torch-loaded", action="store_true",
+                        help="import torch first, as a torch user's script has it: forked "
+                             "workers then have it too, and auto seeds it for every batch")
     parser.add_argument("--peer-run", choices=("grain", "tf"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer_run:
         return peer_run(args)
+    if args.torch_loaded:
+        import torch  # noqa: F401
     args.grid = [int(w) for w in args.grid.split(",")]
     args.peers = [] if args.peers == "none" else args.peers.split(",")
     budget = (args.budget_mb << 20) if args.budget_mb else default_budget()
@@ -579,7 +588,7 @@ def main() -> None:
           f"budget {budget >> 20 if budget else '-'} MB; grid {args.grid}; "
           f"{args.seconds} s and at least {args.min_batches} batches per run, every run "
           f"warms for {args.warm_seconds} s; "
-          f"{args.rounds} rounds",
+          f"{args.rounds} rounds{'; torch loaded' if args.torch_loaded else ''}",
           flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastload-autopilot-") as scratch:

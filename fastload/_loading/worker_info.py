@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["seed_for_batch", "WorkerInfo", "get_worker_info", "start_as_worker"]
+from fastload._loading.torch_seeding import seed_torch
+
+__all__ = ["batch_seed", "seed_for_batch", "WorkerInfo", "get_worker_info", "start_as_worker"]
 
 
 @dataclass(frozen=True)
@@ -85,19 +87,24 @@ def _seed_everything(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+def batch_seed(base_seed: int, batch_no: int) -> int:
+    """Batch ``batch_no``'s seed in auto mode: splitmix64 of the pair, so that
+    nearby batch numbers give unrelated seeds."""
+    z = (base_seed * 0x9E3779B97F4A7C15 + batch_no + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def seed_for_batch(base_seed: int, batch_no: int) -> None:
     """``num_workers="auto"``: seed every generator a dataset may draw from (Python's
     ``random``, numpy's global one, torch's once loaded) from ``(base_seed,
     batch_no)``, so a batch does not depend on which worker made it."""
-    # splitmix64 of the pair: nearby batch numbers give unrelated seeds.
-    z = (base_seed * 0x9E3779B97F4A7C15 + batch_no + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    seed = z ^ (z >> 31)
+    seed = batch_seed(base_seed, batch_no)
     _seed_everything(seed)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
+        seed_torch(torch, seed)
 
 
 _MASK64 = (1 << 64) - 1

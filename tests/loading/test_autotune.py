@@ -95,6 +95,29 @@ def test_batches_keep_sampler_order_and_seeds_while_workers_come_and_go():
             np.testing.assert_array_equal(a, b)
 
 
+class TorchDraws(fl.Dataset):
+    """Each sample draws from torch's generator, as torchvision's random transforms do."""
+
+    def __len__(self):
+        return 90
+
+    def __getitem__(self, i):
+        import torch
+
+        return np.array([i, int(torch.randint(1 << 30, ()))])
+
+
+def test_torch_draws_do_not_depend_on_the_workers_that_made_them(torch):
+    dataset = TorchDraws()
+    got = run(fl.DataLoader(dataset, batch_size=3, num_workers="auto", generator=4))
+    want = run(reference(dataset, 3, batch_size=3, generator=4))
+    assert len(got) == len(want) == 30
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    # Seeded per batch: a batch's draws start a stream of their own.
+    assert len({tuple(batch[:, 1]) for batch in got}) == 30
+
+
 def test_retired_workers_are_no_error_and_change_no_batch():
     dataset = Sleepy(120, 0.001)
     loader = fl.DataLoader(dataset, batch_size=2, num_workers="auto", generator=3)
