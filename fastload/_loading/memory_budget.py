@@ -10,10 +10,10 @@ its stage totals (``stage_clock.StageTotals``): the main process reads none.
 A worker started later (the next epoch's, or one added) starts from the
 figure of one started before it, moved by their resident sizes' difference,
 unless fewer workers share the pages now than then.  Where that file is
-missing (Linux before 4.14, other systems) a
-worker is counted at its resident size, which counts shared pages in full: a
-budget then errs on the safe side.  The ring's slots are memory files,
-counted once at their size (``Ring.mapped_bytes``).
+missing (Linux before 4.14, other systems) a worker is counted at its
+resident size, which counts shared pages in full: a budget then errs on the
+safe side.  The ring's slots are memory files, counted once at their size
+(``Ring.mapped_bytes``).
 
 The default budget is ``DEFAULT_SHARE`` of the memory available when the
 epoch starts: the smaller of the system's ``MemAvailable`` and the room

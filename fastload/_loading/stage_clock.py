@@ -23,8 +23,9 @@ import struct
 import time
 
 __all__ = ["STAGES", "FETCH", "DECODE", "TRANSFORM", "COLLATE", "IDLE", "SEND", "BATCHES",
-           "CPU", "CPU_BUSY", "MEMORY", "RESIDENT", "SAMPLE_SECONDS", "StageTotals", "CPU_SAMPLE_INTERVAL",
-           "MEMORY_SAMPLE_INTERVAL", "unpack", "pss_bytes", "resident_bytes"]
+           "CPU", "CPU_BUSY", "MEMORY", "RESIDENT", "SAMPLE_SECONDS", "StageTotals",
+           "CPU_SAMPLE_INTERVAL", "MEMORY_SAMPLE_INTERVAL", "unpack", "pss_bytes",
+           "resident_bytes"]
 
 # A StageTotals' fields, in this order in the tuple a worker sends.  DECODE and
 # TRANSFORM are parts of FETCH (the dataset's own time, where it tells them).
