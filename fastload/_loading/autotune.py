@@ -338,18 +338,19 @@ class AutoWorkers:
         iterator = self.iterator
         times = iterator._times.workers
         live = iterator._pool.live_workers
-        sizes, readings = [], []
+        readings, unread = [], 0  # (memory, resident size) of each worker that said
         for worker in live:
             packed = times[worker] if worker < len(times) else None
             totals = unpack(packed) if packed is not None else None
-            sizes.append(totals[MEMORY] if totals is not None else -1.0)
             if totals is not None and totals[MEMORY] >= 0:
                 readings.append((totals[MEMORY], totals[RESIDENT]))
+            else:
+                unread += 1
         if not readings:
             return None, None
-        largest = max(readings)  # (memory, resident size)
+        largest = max(readings)
         self.climb.worker_memory = (*largest, len(live))
-        total = int(sum(size if size >= 0 else largest[0] for size in sizes)) \
+        total = int(sum(memory for memory, _ in readings) + unread * largest[0]) \
             + iterator._ring.mapped_bytes()
         self.peak_memory = max(self.peak_memory, total)
         return total, int(largest[0]) + iterator._ring.slot_bytes() * self.climb.prefetch

@@ -265,13 +265,18 @@ def _pss_reads_in_forked_workers(monkeypatch):
     return reads
 
 
-def _counted_and_true_memory(iterator):
-    """(what the climb counts its workers and ring at, their PSS read here)."""
+def _epoch_begun(loader):
+    """An epoch's iterator 20 slow steps in, and (what the climb counts its workers
+    and ring at, their PSS read here)."""
+    iterator = iter(loader)
+    for _ in range(20):
+        next(iterator)
+        time.sleep(0.02)
     pool = iterator._pool
     pids = [pool.processes[w].pid for w in pool.live_workers]
     assert len(pids) == 1  # (more would share the pages that one worker's reading split in two)
-    return (iterator._auto.memory()[0],
-            sum(worker_memory(pid) for pid in pids) + iterator._ring.mapped_bytes())
+    return iterator, (iterator._auto.memory()[0],
+                      sum(worker_memory(pid) for pid in pids) + iterator._ring.mapped_bytes())
 
 
 def test_a_later_epochs_workers_count_their_memory_from_the_last_ones(monkeypatch):
@@ -283,11 +288,7 @@ def test_a_later_epochs_workers_count_their_memory_from_the_last_ones(monkeypatc
     assert reads.value >= 1
     for _ in range(2):
         reads.value = 0
-        iterator = iter(loader)
-        for _ in range(20):
-            next(iterator)
-            time.sleep(0.02)
-        counted, true = _counted_and_true_memory(iterator)
+        iterator, (counted, true) = _epoch_begun(loader)
         assert reads.value == 0  # no worker walked its page tables
         assert counted == pytest.approx(true, rel=0.1)
         for _ in iterator:
@@ -296,11 +297,7 @@ def test_a_later_epochs_workers_count_their_memory_from_the_last_ones(monkeypatc
     # share of them) is no figure for fewer: the new worker reads its own.
     loader._auto_climb.worker_memory = (1 << 20, 1 << 20, 2)
     reads.value = 0
-    iterator = iter(loader)
-    for _ in range(20):
-        next(iterator)
-        time.sleep(0.02)
-    counted, true = _counted_and_true_memory(iterator)
+    iterator, (counted, true) = _epoch_begun(loader)
     assert reads.value >= 1
     assert counted == pytest.approx(true, rel=0.1)
     del iterator, ballast

@@ -80,12 +80,19 @@ def _counting_pss_reads(monkeypatch):
     return calls
 
 
-def test_a_worker_given_a_siblings_reading_counts_itself_from_it_until_it_moves(monkeypatch):
-    reads = _counting_pss_reads(monkeypatch)
+def _hinted(hint_of_resident):
+    """An auto worker's totals, given a hint made of this process's resident size."""
     resident = stage_clock._OWN_STATM.resident()
     totals = StageTotals()
     totals.watch_memory = True
-    totals.memory_hint = (50 << 20, resident + (8 << 20))  # the sibling held 8 MB more
+    totals.memory_hint = hint_of_resident(resident)
+    return totals, resident
+
+
+def test_a_worker_given_a_siblings_reading_counts_itself_from_it_until_it_moves(monkeypatch):
+    reads = _counting_pss_reads(monkeypatch)
+    # The sibling held 8 MB more.
+    totals, resident = _hinted(lambda resident: (50 << 20, resident + (8 << 20)))
     totals.sample_cpu(1.0)
     assert reads == []
     assert totals.seconds[MEMORY] == pytest.approx(42 << 20, abs=1 << 20)
@@ -104,10 +111,8 @@ def test_a_worker_given_a_siblings_reading_counts_itself_from_it_until_it_moves(
 
 def test_a_hinted_worker_reads_its_own_pss_once_the_reread_interval_passes(monkeypatch):
     reads = _counting_pss_reads(monkeypatch)
-    resident = stage_clock._OWN_STATM.resident()
-    totals = StageTotals()
-    totals.watch_memory = True
-    totals.memory_hint = (resident * 10, resident)  # counted at most at its resident size
+    # Counted at most at its resident size.
+    totals, resident = _hinted(lambda resident: (resident * 10, resident))
     totals.sample_cpu(1.0)
     assert reads == []
     assert totals.seconds[MEMORY] == pytest.approx(resident, abs=1 << 20)
